@@ -1,0 +1,85 @@
+"""Message throughput through the full stack (clock, link, codec, ledger) against a bare asyncio.Queue.
+
+    python benchmarks/throughput.py [--messages 200000]
+
+Both are measured in the same run; the figure that matters is the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import time
+
+import networkx as nx
+from rich.console import Console
+from rich.table import Table
+
+from emulator.config import RunConfig
+from emulator.protocol import NoOptions, Protocol
+from emulator.runner import Emulation
+
+
+class Blast(Protocol):
+    """Node 0 sends `count` small messages to node 1, which receives them all."""
+
+    count = 0
+
+    async def run(self, node):
+        if node.id == 0:
+            for i in range(self.count):
+                node.send(1, "m", i)
+        else:
+            for _ in range(self.count):
+                await node.recv()
+
+
+def emulator_rate(count: int) -> float:
+    Blast.count = count
+    config = RunConfig(latency="1ms", bandwidth="1Gbps")
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        emulation = Emulation(config, nx.path_graph(2), Blast(NoOptions(), None), executor)
+        start = time.perf_counter()
+        emulation.run()
+        wall = time.perf_counter() - start
+    assert emulation.ledger.totals()["messages_delivered"] == count
+    return count / wall
+
+
+def queue_rate(count: int) -> float:
+    async def main():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def produce():
+            for i in range(count):
+                await queue.put(i)
+
+        async def consume():
+            for _ in range(count):
+                await queue.get()
+
+        await asyncio.gather(produce(), consume())
+
+    start = time.perf_counter()
+    asyncio.run(main())
+    return count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    emulated = max(emulator_rate(args.messages) for _ in range(args.repeats))
+    bare = max(queue_rate(args.messages) for _ in range(args.repeats))
+    table = Table(title=f"message throughput, {args.messages:,} small messages, best of {args.repeats}")
+    for column in ("path", "messages/s"):
+        table.add_column(column)
+    table.add_row("emulator (clock+link+codec+ledger)", f"{emulated:,.0f}")
+    table.add_row("bare asyncio.Queue put+get", f"{bare:,.0f}")
+    table.add_row("ratio queue / emulator", f"{bare / emulated:.1f}x")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

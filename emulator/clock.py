@@ -1,0 +1,218 @@
+"""Clocks: emulated (virtual) time on an asyncio loop, or wall-clock time on uvloop.
+
+Under the virtual clock, `loop.time()` is emulated seconds. When no coroutine is
+runnable, the loop does not sleep: it first waits (in wall time) for compute
+jobs whose emulated finish time is still unknown, then jumps straight to the
+next timer. Compute jobs therefore take no emulated time of their own; what
+they are charged is decided by the compute-time model, and their results are
+handed back by timers at their emulated finish times, so the order in which
+coroutines resume never depends on thread scheduling.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+import math
+import selectors
+import time
+from collections import deque
+from typing import Any, Callable, Coroutine
+
+
+class DeadlockError(RuntimeError):
+    """Every coroutine waits, and nothing (timer or job) can wake any of them."""
+
+
+class _Job:
+    __slots__ = ("future", "submitted", "factor", "waiter")
+
+    def __init__(self, future, submitted, factor, waiter):
+        self.future, self.submitted, self.factor, self.waiter = future, submitted, factor, waiter
+
+
+class _VirtualSelector:
+    """A selector that never blocks on timers: it asks the clock to jump instead."""
+
+    def __init__(self, clock: "VirtualClock"):
+        self._real = selectors.DefaultSelector()
+        self._clock = clock
+
+    def select(self, timeout=None):
+        # Nothing here uses file descriptors on the hot path; poll them only when idle.
+        if timeout == 0:
+            return []
+        self._clock._advance()
+        return self._real.select(0)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _OrderedTimer(asyncio.TimerHandle):
+    """Timers due at the same instant fire in the order they were set, so runs are reproducible."""
+    __slots__ = ("_seq",)
+    _counter = itertools.count()
+
+    def __init__(self, when, callback, args, loop, context=None):
+        super().__init__(when, callback, args, loop, context)
+        self._seq = next(self._counter)
+
+    def __lt__(self, other):
+        if self._when == other._when:
+            return self._seq < other._seq
+        return self._when < other._when
+
+
+class _VirtualLoop(asyncio.SelectorEventLoop):
+    def __init__(self, clock: "VirtualClock"):
+        self._clock = clock
+        super().__init__(_VirtualSelector(clock))
+
+    def call_at(self, when, callback, *args, context=None):
+        self._check_closed()
+        timer = _OrderedTimer(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
+    def time(self) -> float:
+        return self._clock.now
+
+    @property
+    def _clock_resolution(self) -> float:
+        # A timer due exactly now must fire, however large `now` has grown.
+        return math.ulp(self._clock.now)
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value):
+        pass
+
+
+def _timed(fn, args):
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - start
+
+
+class VirtualClock:
+    """Emulated time: idle waiting costs no wall time; compute is charged, not timed."""
+
+    name = "virtual"
+
+    def __init__(self, executor: concurrent.futures.Executor):
+        self.now = 0.0
+        self.executor = executor
+        self._unsettled: deque[_Job] = deque()
+        # Uncancellable events (deliveries, job results): plain tuples, far cheaper than loop timers.
+        self._events: list[tuple] = []
+        self._sequence = itertools.count()
+        self.loop = _VirtualLoop(self)
+
+    def run(self, coro: Coroutine) -> Any:
+        try:
+            return self.loop.run_until_complete(coro)
+        finally:
+            self.loop.close()
+
+    def call_at(self, when: float, callback: Callable, *args) -> asyncio.TimerHandle:
+        """A cancellable timer at emulated time `when`."""
+        return self.loop.call_at(when, callback, *args)
+
+    def schedule(self, when: float, callback: Callable, *args) -> None:
+        """Run callback(*args) at emulated time `when`; events due together run in scheduling order."""
+        heapq.heappush(self._events, (when, next(self._sequence), callback, args))
+
+    def submit(self, fn: Callable, args: tuple, charged: float | None, factor: float = 1.0) -> asyncio.Future:
+        """Run fn(*args) on the executor; resolve at now + charged emulated seconds.
+
+        With charged=None the job is charged its measured wall time times `factor`.
+        """
+        waiter = self.loop.create_future()
+        job = _Job(self.executor.submit(_timed, fn, args), self.now, factor, waiter)
+        if charged is None:
+            self._unsettled.append(job)
+        else:
+            self.schedule(self.now + charged, self._resolve, job)
+        return waiter
+
+    def _resolve(self, job: _Job) -> None:
+        # Blocks in wall time if the job is still running: the clock stands still meanwhile.
+        try:
+            result, _ = job.future.result()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            if not job.waiter.done():
+                job.waiter.set_exception(exc)
+            return
+        if not job.waiter.done():
+            job.waiter.set_result(result)
+
+    def _settle(self) -> None:
+        """Jobs with a measured cost get their finish timer once they have finished."""
+        while self._unsettled:
+            job = self._unsettled.popleft()
+            try:
+                _, wall = job.future.result()
+            except BaseException:
+                wall = 0.0
+            self.schedule(job.submitted + wall * job.factor, self._resolve, job)
+
+    def _advance(self) -> None:
+        self._settle()
+        scheduled = self.loop._scheduled
+        while scheduled and scheduled[0]._cancelled:
+            heapq.heappop(scheduled)._scheduled = False
+        events = self._events
+        if events and (not scheduled or events[0][0] <= scheduled[0]._when):
+            self.now = max(self.now, events[0][0])
+            while events and events[0][0] <= self.now:
+                _, _, callback, args = heapq.heappop(events)
+                callback(*args)
+        elif scheduled:
+            self.now = max(self.now, scheduled[0]._when)
+        elif not (self.loop._ready or self.loop._stopping):
+            raise DeadlockError("every node is waiting and no timer is pending "
+                                "(a receive without a timeout on a peer that never sends?)")
+
+
+class RealClock:
+    """Wall-clock time on uvloop; `scale` emulated seconds pass per wall second."""
+
+    name = "real"
+
+    def __init__(self, executor: concurrent.futures.Executor, scale: float = 1.0):
+        import uvloop
+
+        self.executor, self.scale = executor, scale
+        self.loop = uvloop.new_event_loop()
+        self._origin = self.loop.time()
+
+    @property
+    def now(self) -> float:
+        return (self.loop.time() - self._origin) * self.scale
+
+    def run(self, coro: Coroutine) -> Any:
+        try:
+            self._origin = self.loop.time()
+            return self.loop.run_until_complete(coro)
+        finally:
+            self.loop.close()
+
+    def call_at(self, when: float, callback: Callable, *args) -> asyncio.TimerHandle:
+        return self.loop.call_at(self._origin + when / self.scale, callback, *args)
+
+    schedule = call_at
+
+    def submit(self, fn: Callable, args: tuple, charged: float | None, factor: float = 1.0) -> asyncio.Future:
+        return asyncio.ensure_future(self._job(fn, args, charged, factor), loop=self.loop)
+
+    async def _job(self, fn, args, charged, factor):
+        start = self.now
+        result, wall = await self.loop.run_in_executor(self.executor, _timed, fn, args)
+        # A job charged more than it took waits out the rest, so stragglers stay slow.
+        cost = wall * factor if charged is None else charged
+        remaining = (start + cost - self.now) / self.scale
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+        return result

@@ -1,0 +1,157 @@
+"""The emulator's own settings: network, clock, compute and output."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from . import units
+from .errors import UsageError
+from .links import LinkSpec, parse_delay, parse_loss
+from .node import ComputeModel
+
+
+class ConfigError(UsageError):
+    """A bad emulator setting."""
+
+
+@dataclass
+class RunConfig:
+    protocol: str = "mapl"
+    topology: str = "mesh"
+    nodes: int = 10
+    rounds: int = 20
+    seed: int = 0
+    clock: str = "virtual"
+    time_scale: float = 1.0
+    latency: str = "10ms"
+    bandwidth: str = "100Mbps"
+    loss: str = "0"
+    uplink: str = "inf"
+    downlink: str = "inf"
+    compress: str = "none"
+    max_message_size: str = "256MB"
+    compute_time: str = "model"
+    compute_cost: str = "1ms"
+    compute_factor: float = 1.0
+    compute_speed: str = "constant"
+    device: str = "cpu"
+    executor: str = "thread"
+    workers: int = 0
+    out: str = ""
+    trace: bool = False
+    quiet: bool = False
+
+
+HELP = {
+    "protocol": "protocol to run (see --list-protocols)",
+    "topology": "graph: a name with parameters (ring, torus, regular:d=4, er:p=0.3, ...) or an edge-list/GraphML path",
+    "nodes": "number of nodes (a topology file sets its own)",
+    "rounds": "rounds each node runs",
+    "seed": "seed of every random choice in the run",
+    "clock": "virtual (emulated time; idle waits cost nothing) or real (wall clock on uvloop)",
+    "time_scale": "real clock only: emulated seconds per wall second",
+    "latency": "link latency: 20ms, uniform:low=10ms,high=30ms, normal:mean=20ms,std=5ms, lognormal:median=20ms,sigma=0.5",
+    "bandwidth": "link bandwidth, SI units: 10Mbps = 10^7 bit/s; inf for unlimited",
+    "loss": "loss per message: a probability (Bernoulli) or ge:p=..,r=..[,loss_good=..,loss_bad=..] (Gilbert-Elliott)",
+    "uplink": "per-node uplink capacity shared by all its links (inf: none)",
+    "downlink": "per-node downlink capacity shared by all its links (inf: none)",
+    "compress": "wire compression of float tensors: none, fp16, bf16, q8, q4",
+    "max_message_size": "messages larger than this are refused at send (e.g. 64MB)",
+    "compute_time": "model (work x cost x node slowdown) or measured (wall time x factor x slowdown)",
+    "compute_cost": "emulated time charged per unit of work (per sample for the learning protocols)",
+    "compute_factor": "measured compute time only: multiplier on wall time",
+    "compute_speed": "per-node slowdown: constant, uniform:low=1,high=3, lognormal:sigma=0.5, or "
+                     "stragglers:fraction=0.1,slowdown=5",
+    "device": "cpu or cuda (cuda: one GPU worker)",
+    "executor": "thread (a local pool) or ray (a Ray cluster)",
+    "workers": "executor threads (0: one per CPU core)",
+    "out": "run directory (default: runs/<time>-<protocol>-<topology>)",
+    "trace": "write messages.jsonl with one row per message",
+    "quiet": "no progress bar or summary table",
+}
+
+CLOCKS = ("virtual", "real")
+COMPUTE_TIMES = ("model", "measured")
+DEVICES = ("cpu", "cuda")
+EXECUTORS = ("thread", "ray")
+COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(RunConfig)]
+
+
+def _choice(value: str, allowed: tuple, flag: str) -> None:
+    if value not in allowed:
+        raise ConfigError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ConfigError naming the first bad value."""
+    if config.nodes < 1:
+        raise ConfigError(f"--nodes {config.nodes}: need at least 1 node")
+    if config.rounds < 0:
+        raise ConfigError(f"--rounds {config.rounds}: must not be negative")
+    if not config.time_scale > 0:
+        raise ConfigError(f"--time-scale {config.time_scale}: must be positive")
+    _choice(config.clock, CLOCKS, "clock")
+    _choice(config.compute_time, COMPUTE_TIMES, "compute-time")
+    _choice(config.device, DEVICES, "device")
+    _choice(config.executor, EXECUTORS, "executor")
+    _choice(config.compress, COMPRESSIONS, "compress")
+    if config.workers < 0:
+        raise ConfigError(f"--workers {config.workers}: must not be negative")
+    for flag, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
+                        ("uplink", units.rate), ("downlink", units.rate),
+                        ("max_message_size", units.size), ("compute_cost", units.duration),
+                        ("compute_speed", lambda text: slowdowns(text, 1, 0))):
+        try:
+            parse(getattr(config, flag))
+        except units.UnitError as exc:
+            raise ConfigError(f"--{flag.replace('_', '-')}: {exc}") from None
+
+
+def link_spec(config: RunConfig) -> LinkSpec:
+    return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss))
+
+
+def slowdowns(text: str, num_nodes: int, seed: int) -> tuple[float, ...]:
+    """Per-node compute slowdown factors (1 = nominal speed), drawn reproducibly."""
+    name, params = units.spec(text)
+    rng = np.random.default_rng([seed, 0x5D])
+    try:
+        values = {k: float(v) for k, v in params.items()}
+    except ValueError:
+        raise units.UnitError(f"compute speed {text!r}: parameters must be numbers") from None
+    draws = {
+        "constant": lambda value=1.0: np.full(num_nodes, value),
+        "uniform": lambda low=1.0, high=2.0: rng.uniform(low, high, num_nodes),
+        "lognormal": lambda sigma=0.5: rng.lognormal(0.0, sigma, num_nodes),
+        "stragglers": lambda fraction=0.1, slowdown=5.0: np.where(rng.random(num_nodes) < fraction, slowdown, 1.0),
+    }
+    if name not in draws:
+        raise units.UnitError(f"unknown compute speed {name!r} (use {', '.join(draws)})")
+    try:
+        factors = draws[name](**values)
+    except TypeError:
+        raise units.UnitError(f"compute speed {text!r}: unknown parameter") from None
+    if not np.all(factors > 0):
+        raise units.UnitError(f"compute speed {text!r}: slowdowns must be positive")
+    return tuple(float(f) for f in factors)
+
+
+def compute_model(config: RunConfig, num_nodes: int) -> ComputeModel:
+    return ComputeModel(config.compute_time, units.duration(config.compute_cost), config.compute_factor,
+                        slowdowns(config.compute_speed, num_nodes, config.seed))
+
+
+def workers(config: RunConfig) -> int:
+    if config.device == "cuda":
+        return 1  # one GPU worker: jobs queue on the device instead of contending for it
+    return config.workers or os.cpu_count() or 1
+
+
+def max_message_bytes(config: RunConfig) -> int:
+    return units.size(config.max_message_size)

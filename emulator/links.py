@@ -1,0 +1,161 @@
+"""Directed links: latency, bandwidth, loss, and the per-node capacity they share.
+
+A link sends FIFO, one message at a time (message-level store and forward):
+transmission takes 8*bytes/rate, where rate is the link bandwidth capped by the
+sender's uplink, and the sender's uplink is itself one FIFO shared by all its
+links. Arrival is the end of transmission plus a latency sample, never
+overtaking the previous message on the link. A receiver with a downlink
+capacity takes delivery no faster than that capacity allows.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from . import units
+
+
+class Delay:
+    """Latency model; every sample is >= 0."""
+
+    def __init__(self, kind: str, **params: float):
+        self.kind, self.params = kind, params
+        self._sample = getattr(self, f"_{kind}")
+
+    def sample(self, rng: random.Random) -> float:
+        return max(0.0, self._sample(rng, **self.params))
+
+    @staticmethod
+    def _constant(rng, value):
+        return value
+
+    @staticmethod
+    def _uniform(rng, low, high):
+        return rng.uniform(low, high)
+
+    @staticmethod
+    def _normal(rng, mean, std):
+        return rng.gauss(mean, std)
+
+    @staticmethod
+    def _lognormal(rng, median, sigma):
+        return median * math.exp(rng.gauss(0.0, sigma))
+
+    def __repr__(self):
+        return f"Delay({self.kind}, {self.params})"
+
+
+_DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
+
+
+def parse_delay(text: str | float) -> Delay:
+    """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
+    if isinstance(text, (int, float)) or str(text)[:1].isdigit() or str(text).startswith("."):
+        return Delay("constant", value=units.duration(text))
+    name, params = units.spec(text)
+    expected = _DELAY_PARAMS.get(name)
+    if expected is None:
+        raise units.UnitError(f"unknown latency model {name!r} (use a duration, uniform, normal or lognormal)")
+    if set(params) != set(expected):
+        raise units.UnitError(f"latency {text!r} needs exactly {', '.join(expected)}")
+    values = {k: (float(v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
+    return Delay(name, **values)
+
+
+class Bernoulli:
+    """Each message is lost independently with probability p."""
+
+    def __init__(self, p: float):
+        self.p = p
+
+    def lost(self, rng: random.Random, state: list) -> bool:
+        return self.p > 0 and rng.random() < self.p
+
+
+class GilbertElliott:
+    """Two-state bursty loss: good->bad with p, bad->good with r.
+
+    In the bad state a message is lost with `loss_bad`, in the good state with
+    `loss_good`; with the defaults a burst lasts 1/r messages on average.
+    """
+
+    def __init__(self, p: float, r: float, loss_good: float = 0.0, loss_bad: float = 1.0):
+        self.p, self.r, self.loss_good, self.loss_bad = p, r, loss_good, loss_bad
+
+    def lost(self, rng: random.Random, state: list) -> bool:
+        bad = state[0]
+        bad = (rng.random() >= self.r) if bad else (rng.random() < self.p)
+        state[0] = bad
+        return rng.random() < (self.loss_bad if bad else self.loss_good)
+
+
+def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
+    """'0.01' (Bernoulli) or 'ge:p=0.01,r=0.3[,loss_good=0,loss_bad=1]'."""
+    if isinstance(text, (int, float)) or not str(text)[:1].isalpha():
+        return Bernoulli(units.probability(text))
+    name, params = units.spec(text)
+    if name not in ("ge", "gilbert-elliott"):
+        raise units.UnitError(f"unknown loss model {name!r} (use a probability or ge:p=..,r=..)")
+    allowed = {"p", "r", "loss_good", "loss_bad"}
+    if not {"p", "r"} <= set(params) <= allowed:
+        raise units.UnitError(f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
+    return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
+
+
+@dataclass
+class LinkSpec:
+    """What a link is configured with, before it carries anything."""
+    latency: Delay
+    bandwidth: float
+    loss: Bernoulli | GilbertElliott
+
+    def override(self, attrs: dict) -> "LinkSpec":
+        """Per-edge attributes from a topology file replace the defaults."""
+        return LinkSpec(
+            parse_delay(attrs["latency"]) if "latency" in attrs else self.latency,
+            units.rate(attrs["bandwidth"]) if "bandwidth" in attrs else self.bandwidth,
+            parse_loss(attrs["loss"]) if "loss" in attrs else self.loss,
+        )
+
+
+class Capacity:
+    """A node's uplink or downlink: one FIFO shared by all of its links."""
+    __slots__ = ("rate", "free_at")
+
+    def __init__(self, rate: float):
+        self.rate, self.free_at = rate, 0.0
+
+
+class Link:
+    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "rng", "loss_state",
+                 "free_at", "last_arrival", "up", "down")
+
+    def __init__(self, src: int, dst: int, spec: LinkSpec, seed: int, up: Capacity, down: Capacity):
+        self.src, self.dst = src, dst
+        self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
+        # One generator per link, so a link's fate does not depend on traffic elsewhere.
+        self.rng = random.Random(f"{seed}:{src}:{dst}")
+        self.loss_state = [False]
+        self.free_at = 0.0
+        self.last_arrival = 0.0
+        self.up, self.down = up, down
+
+    def transmit(self, now: float, nbytes: int) -> tuple[float, float | None]:
+        """Occupy the link; return (end of transmission, arrival or None when lost)."""
+        up = self.up
+        rate = min(self.bandwidth, up.rate)
+        start = max(now, self.free_at, up.free_at)
+        end = start + 8.0 * nbytes / rate if rate != math.inf else start
+        self.free_at = end
+        if up.rate != math.inf:
+            up.free_at = end
+        if self.loss.lost(self.rng, self.loss_state):
+            return end, None
+        arrival = max(end + self.latency.sample(self.rng), self.last_arrival)
+        self.last_arrival = arrival
+        down = self.down
+        if down.rate != math.inf:
+            arrival = max(arrival, down.free_at + 8.0 * nbytes / down.rate)
+            down.free_at = arrival
+        return end, arrival

@@ -1,0 +1,149 @@
+"""The network: it carries encoded messages over links and enforces the topology.
+
+A message is encoded once at send, its exact size goes on the ledger, and it is
+decoded at the receiver on arrival; bytes that fail to decode are dropped as
+corrupt. A message already in flight when its edge disappears from a
+time-varying graph is still delivered: its bits had left the sender.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from . import wire
+from .ledger import Ledger
+from .links import Capacity, Link, LinkSpec
+
+
+class NotNeighbourError(RuntimeError):
+    """A protocol tried to send along an edge the current topology does not have."""
+
+
+class MessageTooLargeWarning(RuntimeWarning):
+    pass
+
+
+@dataclass(slots=True)
+class Message:
+    src: int
+    dst: int
+    kind: str
+    round: int
+    body: Any
+    size: int
+    t_send: float
+    t_arrive: float
+
+
+class Mailbox:
+    """Arrived messages of one node, in arrival order, and the coroutine waiting on them."""
+    __slots__ = ("messages", "waiter")
+
+    def __init__(self):
+        self.messages: deque[Message] = deque()
+        self.waiter = None
+
+    def put(self, message: Message) -> None:
+        self.messages.append(message)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(True)
+
+
+class Network:
+    def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seed: int, *,
+                 uplink: float = math.inf, downlink: float = math.inf,
+                 compress: str = "none", max_message_bytes: int | None = None):
+        self.clock, self.ledger, self.spec, self.seed = clock, ledger, spec, seed
+        self.compress, self.max_message_bytes = compress, max_message_bytes
+        self.num_nodes = graph.number_of_nodes()
+        self.uplinks = [Capacity(uplink) for _ in range(self.num_nodes)]
+        self.downlinks = [Capacity(downlink) for _ in range(self.num_nodes)]
+        self.mailboxes = [Mailbox() for _ in range(self.num_nodes)]
+        self.online = [True] * self.num_nodes
+        # Quantising compressors draw from the sender's own generator.
+        self.wire_rngs = [np.random.default_rng([seed, node, 0x57]) for node in range(self.num_nodes)]
+        self.links: dict[tuple[int, int], Link] = {}
+        self.set_graph(graph)
+
+    # -- topology ---------------------------------------------------------
+    def set_graph(self, graph: nx.Graph) -> None:
+        """Make `graph` the current topology; links keep their queues across changes."""
+        self.graph = graph
+        directed = graph.is_directed()
+        self.adjacency = {node: set(graph.successors(node) if directed else graph.neighbors(node))
+                          for node in graph.nodes}
+        self._sorted = {node: sorted(peers) for node, peers in self.adjacency.items()}
+        for src, dst, attrs in graph.edges(data=True):
+            self._link(src, dst, attrs)
+            if not directed:
+                self._link(dst, src, attrs)
+
+    def _link(self, src: int, dst: int, attrs: dict) -> Link:
+        link = self.links.get((src, dst))
+        if link is None:
+            spec = self.spec.override(attrs) if attrs else self.spec
+            link = Link(src, dst, spec, self.seed, self.uplinks[src], self.downlinks[dst])
+            self.links[src, dst] = link
+            self.ledger.links[src, dst]  # every link gets a ledger row, even if it stays idle
+        return link
+
+    def neighbours(self, node: int) -> list[int]:
+        return self._sorted[node]
+
+    # -- sending ----------------------------------------------------------
+    def send(self, src: int, dst: int, kind: str, rnd: int, body: Any) -> None:
+        frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self.wire_rngs[src])
+        self.transmit(src, dst, kind, rnd, frame)
+
+    def broadcast(self, src: int, dsts: list[int], kind: str, rnd: int, body: Any) -> None:
+        """Encode once; every receiver decodes its own copy."""
+        frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self.wire_rngs[src]))
+        for dst in dsts:
+            self.transmit(src, dst, kind, rnd, frame)
+
+    def transmit(self, src: int, dst: int, kind: str, rnd: int, frame) -> None:
+        """Put an already encoded frame on the link src -> dst."""
+        if dst not in self.adjacency[src]:
+            raise NotNeighbourError(f"node {src} cannot send to {dst}: not a current neighbour "
+                                    f"(neighbours: {self._sorted[src]})")
+        now = self.clock.now
+        ledger = self.ledger
+        nbytes = len(frame)
+        row = ledger.record(src, dst, kind, rnd, nbytes, now) if ledger.trace is not None else None
+        if self.max_message_bytes is not None and nbytes > self.max_message_bytes:
+            warnings.warn(f"node {src}: a {kind!r} message of {nbytes} bytes exceeds the "
+                          f"{self.max_message_bytes}-byte limit and was refused", MessageTooLargeWarning)
+            return self._drop(src, dst, rnd, 0, "over_limit", row)
+        if not self.online[src]:
+            return self._drop(src, dst, rnd, 0, "offline", row)
+        ledger.sent(src, dst, rnd, nbytes)
+        _, arrival = self.links[src, dst].transmit(now, nbytes)
+        if arrival is None:
+            return self._drop(src, dst, rnd, nbytes, "loss", row)
+        self.clock.schedule(arrival, self._arrive, src, dst, rnd, frame, now, arrival, row)
+
+    def _drop(self, src, dst, rnd, nbytes, cause, row) -> None:
+        if nbytes == 0:
+            self.ledger.sent(src, dst, rnd, 0)
+        self.ledger.dropped(src, dst, nbytes, cause)
+        if row is not None:
+            row[7] = cause
+
+    def _arrive(self, src, dst, rnd, frame, t_send, arrival, row) -> None:
+        if not self.online[dst]:
+            return self._drop(src, dst, rnd, len(frame), "offline", row)
+        try:
+            kind, msg_round, body = wire.decode(frame)
+        except (wire.WireError, TypeError, ValueError):
+            return self._drop(src, dst, rnd, len(frame), "corrupt", row)
+        self.ledger.delivered(src, dst, rnd, len(frame))
+        if row is not None:
+            row[6], row[7] = arrival, "delivered"
+        self.mailboxes[dst].put(Message(src, dst, kind, msg_round, body, len(frame), t_send, arrival))

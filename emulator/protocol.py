@@ -1,0 +1,66 @@
+"""What a protocol is, and the registry that finds one by name.
+
+A protocol is a class with a per-node coroutine `run(node)`. Its tunable
+options are a dataclass `Options`; every field becomes a CLI flag and a config
+key. Protocols live as modules of the `protocols` package, which is imported on
+first lookup, so adding a protocol is adding one file there.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .node import Node
+    from .runner import Environment
+
+PROTOCOL_PACKAGE = "protocols"
+_REGISTRY: dict[str, type["Protocol"]] = {}
+
+
+@dataclass
+class NoOptions:
+    pass
+
+
+class Protocol:
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any, env: "Environment"):
+        self.options, self.env = options, env
+
+    async def run(self, node: "Node") -> None:
+        raise NotImplementedError
+
+    def observe(self, rnd: int, snapshots: dict[int, Any]) -> dict[int, dict[str, Any]]:
+        """Metrics computed across nodes from their round-`rnd` snapshots (an observer, no messages)."""
+        return {}
+
+    def summary(self) -> dict[str, Any]:
+        """Extra entries for summary.json."""
+        return {}
+
+    def render(self, console) -> None:
+        """Print anything worth seeing after the summary table (a rich Console)."""
+
+
+def register(name: str):
+    """Class decorator: make a protocol available as `--protocol name`."""
+    def decorate(cls):
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"protocol {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return decorate
+
+
+def protocols() -> dict[str, type[Protocol]]:
+    """All registered protocols, importing the protocol package's modules first."""
+    package = importlib.import_module(PROTOCOL_PACKAGE)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{PROTOCOL_PACKAGE}.{module.name}")
+    return dict(sorted(_REGISTRY.items()))

@@ -1,0 +1,86 @@
+"""A run as the user sees it: progress bar, run directory, summary table."""
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+import topologies
+
+from . import config as cfg
+from .errors import UsageError
+from .runner import Emulation, Environment, make_executor, write_run_dir
+
+
+def build_graph(run: cfg.RunConfig):
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", topologies.TopologyWarning)
+            graph = topologies.build(run.topology, run.nodes, run.seed)
+    except topologies.TopologyError as exc:
+        raise UsageError(f"--topology {run.topology}: {exc}") from None
+    for warning in caught:
+        warnings.warn(str(warning.message), warning.category)
+    return graph
+
+
+def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> dict:
+    console = Console(stderr=True, quiet=run.quiet)
+    graph = build_graph(run)
+    run.nodes = graph.number_of_nodes()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = Environment(graph.number_of_nodes(), run.rounds, run.seed, graph, run.device, out_dir, console)
+    protocol = protocol_cls(options, env)
+    with make_executor(run) as executor, _progress(console, run) as (progress, task):
+        def on_round(rnd: int, now: float) -> None:
+            progress.update(task, completed=rnd + 1,
+                            info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
+
+        emulation = Emulation(run, graph, protocol, executor, on_round)
+        start = time.perf_counter()
+        rows = emulation.run()
+        wall = time.perf_counter() - start
+    summary = write_run_dir(out_dir, run, options, emulation, rows, wall)
+    if not run.quiet:
+        console.print(summary_table(summary, out_dir))
+        protocol.render(console)
+    return summary
+
+
+def _progress(console: Console, run: cfg.RunConfig):
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("round {task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                        console=console, transient=True, disable=run.quiet)
+    task = progress.add_task(f"{run.protocol} on {run.topology}", total=run.rounds, info="")
+
+    class _Context:
+        def __enter__(self):
+            progress.start()
+            return progress, task
+
+        def __exit__(self, *exc):
+            progress.stop()
+
+    return _Context()
+
+
+def summary_table(summary: dict, out_dir: Path) -> Table:
+    table = Table(title=f"{summary['protocol']} on {summary['topology']}: {summary['nodes']} nodes, "
+                        f"{summary['rounds']} rounds  →  {out_dir}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("emulated time", f"{summary['emulated_seconds']:.3f} s")
+    table.add_row("wall time", f"{summary['wall_seconds']:.2f} s")
+    table.add_row("messages sent / delivered", f"{summary['messages_total']} / {summary['messages_delivered']}")
+    table.add_row("bytes sent", f"{summary['bytes_total']:,}")
+    dropped = {k: v for k, v in summary.items() if k.startswith("dropped_") and v}
+    for name, count in dropped.items():
+        table.add_row(name.replace("_", " "), str(count))
+    for name, value in summary["final"].items():
+        table.add_row(f"final {name}", f"{value:.4f}" if isinstance(value, float) else str(value))
+    return table

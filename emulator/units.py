@@ -1,0 +1,99 @@
+"""SI units for durations and rates, and the `name:key=value,...` spec syntax."""
+from __future__ import annotations
+
+import math
+import re
+
+_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]*)\s*$")
+_DURATION = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+_RATE = {"": 1.0, "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9,
+         "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+_BYTES = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNLIMITED = {"inf", "unlimited", "none"}
+
+
+class UnitError(ValueError):
+    """A value that does not parse; the message names it."""
+
+
+def _split(text: str, what: str) -> tuple[float, str]:
+    match = _NUMBER.match(str(text))
+    if not match:
+        raise UnitError(f"cannot read {what} {text!r}")
+    return float(match.group(1)), match.group(2)
+
+
+def duration(text: str | float) -> float:
+    """'20ms' -> 0.02 seconds; a bare number is seconds."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        number, unit = _split(text, "duration")
+        if unit not in _DURATION:
+            raise UnitError(f"unknown duration unit in {text!r} (use s, ms, us, ns, min, h)")
+        value = number * _DURATION[unit]
+    if value < 0 or math.isnan(value):
+        raise UnitError(f"duration {text!r} must not be negative")
+    return value
+
+
+def rate(text: str | float) -> float:
+    """'10Mbps' -> 1e7 bit/s (SI: 1 Mbps = 10**6 bit/s); 'inf' is unlimited."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    elif str(text).strip().lower() in _UNLIMITED:
+        return math.inf
+    else:
+        number, unit = _split(text, "bandwidth")
+        if unit.lower() not in _RATE:
+            raise UnitError(f"unknown bandwidth unit in {text!r} (use bps, kbps, Mbps, Gbps)")
+        value = number * _RATE[unit.lower()]
+    if not value > 0:
+        raise UnitError(f"bandwidth {text!r} must be positive")
+    return value
+
+
+def size(text: str | int) -> int:
+    """'64MB' -> 64 * 10**6 bytes; '1MiB' -> 2**20."""
+    if isinstance(text, int):
+        value = text
+    else:
+        number, unit = _split(text, "size")
+        if unit.lower() not in _BYTES:
+            raise UnitError(f"unknown size unit in {text!r} (use B, kB, MB, GB, KiB, MiB, GiB)")
+        value = int(number * _BYTES[unit.lower()])
+    if value <= 0:
+        raise UnitError(f"size {text!r} must be positive")
+    return value
+
+
+def probability(text: str | float) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UnitError(f"cannot read probability {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise UnitError(f"probability {text!r} must be within 0..1")
+    return value
+
+
+def scalar(text: str):
+    """Spec values parse as int, then float, then stay strings."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def spec(text: str) -> tuple[str, dict[str, str]]:
+    """'regular:d=4,seed=1' -> ('regular', {'d': '4', 'seed': '1'})."""
+    name, _, rest = str(text).partition(":")
+    params: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UnitError(f"cannot read {item!r} in {text!r}: expected key=value")
+        params[key.strip()] = value.strip()
+    return name.strip(), params

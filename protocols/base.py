@@ -1,0 +1,43 @@
+"""What the learning protocols share: the workload, evaluation, and the consensus observer."""
+from __future__ import annotations
+
+import torch
+
+from emulator.errors import UsageError
+from emulator.protocol import Protocol
+from workloads.task import Workload, WorkloadError
+from workloads.training import accuracy, flat, sgd
+
+EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per sample
+
+
+class LearningProtocol(Protocol):
+    """A protocol over a Workload: every node gets its data split and its own model."""
+
+    def __init__(self, options, env):
+        super().__init__(options, env)
+        try:
+            self.workload = Workload(options, env)
+        except WorkloadError as exc:
+            raise UsageError(str(exc)) from None
+
+    async def train(self, node, model, data) -> float:
+        """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss."""
+        o = self.options
+        samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
+        loss, _ = await node.compute(
+            sgd, model, data.train_x, data.train_y, epochs=o.local_epochs, steps=o.local_steps, lr=o.lr,
+            momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
+            generator=node.torch_generator, work=samples)
+        return loss
+
+    async def evaluate(self, node, model, data) -> float:
+        return await node.compute(accuracy, model, data.test_x, data.test_y, work=len(data.test_y) * EVAL_COST)
+
+    def observe(self, rnd, snapshots):
+        """consensus_distance: ||x_i - mean_j x_j|| from flattened float states (no messages)."""
+        vectors = {i: flat(state) for i, state in snapshots.items() if state is not None}
+        if len(vectors) < 2:
+            return {}
+        mean = torch.stack(list(vectors.values())).mean(0)
+        return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}

@@ -1,0 +1,26 @@
+"""Local: every node trains on its own data and never communicates — the floor personalised methods must beat."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.protocol import register
+
+from .base import LearningProtocol
+from .dfedavgm import DFedAvgMOptions
+
+
+@dataclass
+class LocalOptions(DFedAvgMOptions):
+    pass
+
+
+@register("local")
+class Local(LearningProtocol):
+    """Local training only; sends nothing."""
+    Options = LocalOptions
+
+    async def run(self, node):
+        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        for _ in node.rounds():
+            loss = await self.train(node, model, data)
+            node.log(train_loss=loss, test_acc=await self.evaluate(node, model, data))

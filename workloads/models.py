@@ -1,0 +1,263 @@
+"""Model zoo: backbones split into (backbone, projection head, classifier) as MAPL needs.
+
+Every model is a `SplitModel`: backbone x -> z (width d_z), MAPL projection head
+z -> p (width d_p) and classifier ReLU(z) -> logits (Linear without bias, so the
+K x d_z weight is all MAPL exchanges). Protocols that do not use the projection
+head simply never call `project`.
+
+Architectures (`MODELS`):
+- "cnn-small": the CPU default, two conv layers (32/64) with BatchNorm and
+  pooling, then Linear to d_z (~150k parameters with d_z = 512).
+- "mlp": Flatten -> Linear(C*H*W, 256) -> ReLU -> Linear(256, d_z).
+- "resnet18", "shufflenet" (shufflenet_v2_x1_0), "googlenet": torchvision
+  definitions (weights=None, never downloaded) with the stem replaced for small
+  images (3x3 stride-1 first conv taking C channels, the stem max-pool removed)
+  and the final fc mapping to d_z. With these stems all three run on 8x8 inputs,
+  so no input upsampling is needed. GoogLeNet has aux_logits=False and its
+  Dropout removed.
+- "alexnet": an AlexNet-style small CNN (torchvision's AlexNet cannot take 32x32).
+- "hetero": the four paper backbones, per node (`assigned_arch`).
+- "hetero-small": four cheap CPU backbones of different kinds, per node:
+  "cnn-small" (plain CNN), "small-resnet" (residual), "small-dwsep"
+  (MobileNetV2-style depthwise-separable) and "small-mixer" (MLP-Mixer).
+
+No model contains Dropout: it would draw from the global RNG while training.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torchvision import models as tvm
+from torchvision.models.googlenet import BasicConv2d
+from torchvision.models.mobilenetv2 import InvertedResidual
+from torchvision.models.resnet import BasicBlock
+
+
+class ModelError(ValueError):
+    """A bad model configuration; the message is a one-line user-facing sentence."""
+
+
+MODELS = ("cnn-small", "mlp", "resnet18", "shufflenet", "googlenet", "alexnet", "hetero", "hetero-small")
+HETERO_ARCHS = ("resnet18", "shufflenet", "googlenet", "alexnet")
+HETERO_SMALL_ARCHS = ("cnn-small", "small-resnet", "small-dwsep", "small-mixer")
+ASSIGNMENTS = ("round-robin", "random")
+NORMS = ("batch", "group")
+
+# fork_rng swaps the process-wide CPU generator; serialise builds so two threads
+# building nodes at once never see each other's seed.
+_RNG_LOCK = threading.Lock()
+
+
+class SplitModel(nn.Module):
+    """Backbone + MAPL projection head + bias-free classifier."""
+
+    def __init__(self, arch: str, backbone: nn.Module, d_z: int, d_p: int, hidden: int, num_classes: int):
+        super().__init__()
+        self.arch, self.d_z, self.d_p = arch, d_z, d_p
+        self.backbone = backbone
+        self.projection = nn.Sequential(
+            nn.Linear(d_z, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True), nn.Linear(hidden, d_p)
+        )
+        # Authors' code: ReLU on the latent, then a linear layer; MAPL sends only its weight.
+        self.classifier = nn.Sequential(nn.ReLU(), nn.Linear(d_z, num_classes, bias=False))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        return self.projection(z)
+
+
+# --- backbones: each takes (in_shape, d_z) and maps (B, C, H, W) -> (B, d_z) ---
+
+
+def _conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
+    return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+
+
+def _cnn_small(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    # Adaptive pooling to 2x2 keeps the linear layer the same for 8x8, 28x28 and 32x32.
+    return nn.Sequential(
+        *_conv_bn(in_shape[0], 32), nn.MaxPool2d(2),
+        *_conv_bn(32, 64), nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(64 * 4, d_z),
+    )  # fmt: skip
+
+
+def _mlp(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(in_shape)), 256), nn.ReLU(inplace=True), nn.Linear(256, d_z))
+
+
+def _resnet18(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    net = tvm.resnet18(weights=None, num_classes=d_z)
+    net.conv1 = nn.Conv2d(in_shape[0], 64, 3, padding=1, bias=False)
+    nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")  # torchvision's ResNet init
+    net.maxpool = nn.Identity()
+    return net
+
+
+def _shufflenet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    net = tvm.shufflenet_v2_x1_0(weights=None, num_classes=d_z)
+    net.conv1 = nn.Sequential(*_conv_bn(in_shape[0], 24))
+    net.maxpool = nn.Identity()
+    return net
+
+
+def _googlenet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    net = tvm.googlenet(weights=None, num_classes=d_z, aux_logits=False, init_weights=True, transform_input=False)
+    net.conv1 = BasicConv2d(in_shape[0], 64, kernel_size=3, padding=1)
+    nn.init.trunc_normal_(net.conv1.conv.weight, std=0.01, a=-2, b=2)  # torchvision's GoogLeNet init
+    net.maxpool1 = nn.Identity()  # keep maxpool2: inception 3 then runs at 16x16 for 32x32 inputs
+    net.dropout = nn.Identity()
+    return net
+
+
+def _alexnet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    # AlexNet's five convs with its per-GPU channel counts (48-128-192-192-128),
+    # 3x3 kernels and max-pools sized for 8..32 pixel inputs.
+    relu = lambda: nn.ReLU(inplace=True)  # noqa: E731
+    return nn.Sequential(
+        nn.Conv2d(in_shape[0], 48, 3, padding=1), relu(), nn.MaxPool2d(2),
+        nn.Conv2d(48, 128, 3, padding=1), relu(), nn.MaxPool2d(2),
+        nn.Conv2d(128, 192, 3, padding=1), relu(),
+        nn.Conv2d(192, 192, 3, padding=1), relu(),
+        nn.Conv2d(192, 128, 3, padding=1), relu(),
+        nn.AdaptiveMaxPool2d(2), nn.Flatten(), nn.Linear(128 * 4, d_z),
+    )  # fmt: skip
+
+
+def _small_resnet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    def down(c_in: int, c_out: int) -> nn.Module:
+        shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=2, bias=False), nn.BatchNorm2d(c_out))
+        return BasicBlock(c_in, c_out, stride=2, downsample=shortcut)
+
+    return nn.Sequential(
+        *_conv_bn(in_shape[0], 16), down(16, 32), down(32, 64),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, d_z),
+    )  # fmt: skip
+
+
+def _small_dwsep(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    return nn.Sequential(
+        *_conv_bn(in_shape[0], 16),
+        InvertedResidual(16, 32, stride=2, expand_ratio=2), InvertedResidual(32, 64, stride=2, expand_ratio=2),
+        nn.Conv2d(64, 128, 1, bias=False), nn.BatchNorm2d(128), nn.ReLU6(inplace=True),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, d_z),
+    )  # fmt: skip
+
+
+class _MixerBlock(nn.Module):
+    """MLP-Mixer block: an MLP across tokens, then an MLP across channels (pre-norm, residual)."""
+
+    def __init__(self, tokens: int, dim: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.token_mlp = nn.Sequential(nn.Linear(tokens, 64), nn.GELU(), nn.Linear(64, tokens))
+        self.channel_mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, tokens, dim)
+        x = x + self.token_mlp(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.channel_mlp(self.norm2(x))
+
+
+class _Mixer(nn.Module):
+    def __init__(self, in_shape: tuple[int, int, int], d_z: int, dim: int = 32):
+        super().__init__()
+        c, h, w = in_shape
+        patch = max(1, min(h, w) // 4)  # a 4x4 grid of tokens keeps the token MLP cheap at any size
+        self.embed = nn.Conv2d(c, dim, patch, stride=patch)
+        tokens = (h // patch) * (w // patch)
+        self.blocks = nn.Sequential(_MixerBlock(tokens, dim), _MixerBlock(tokens, dim))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, d_z)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).transpose(1, 2)
+        return self.head(self.norm(self.blocks(tokens)).mean(1))
+
+
+_BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
+    "cnn-small": _cnn_small,
+    "mlp": _mlp,
+    "resnet18": _resnet18,
+    "shufflenet": _shufflenet,
+    "googlenet": _googlenet,
+    "alexnet": _alexnet,
+    "small-resnet": _small_resnet,
+    "small-dwsep": _small_dwsep,
+    "small-mixer": _Mixer,
+}
+_POOLS = {"hetero": HETERO_ARCHS, "hetero-small": HETERO_SMALL_ARCHS}
+
+
+def assigned_arch(name: str, node: int, assign: str = "round-robin", seed: int = 0) -> str:
+    """The concrete architecture node `node` gets under model `name`."""
+    if name not in MODELS:
+        raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if assign not in ASSIGNMENTS:
+        raise ModelError(f"unknown model assignment {assign!r}; choose one of {', '.join(ASSIGNMENTS)}")
+    pool = _POOLS.get(name)
+    if pool is None:
+        return name
+    if assign == "round-robin":
+        return pool[node % len(pool)]
+    # Independent per node, reproducible from (seed, node) alone.
+    return pool[int(np.random.default_rng([seed, node]).integers(len(pool)))]
+
+
+def build_model(
+    name: str,
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    node: int = 0,
+    num_nodes: int = 1,
+    d_z: int = 512,
+    d_p: int = 512,
+    hidden: int = 4096,
+    norm: str = "batch",
+    assign: str = "round-robin",
+    seed: int = 0,
+) -> SplitModel:
+    """Build node `node`'s model; parameters depend only on (name, shapes, seed, node)."""
+    arch = assigned_arch(name, node, assign, seed)
+    if norm not in NORMS:
+        raise ModelError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
+    if not 0 <= node < num_nodes:
+        raise ModelError(f"node {node} is outside 0..{num_nodes - 1}")
+    if len(in_shape) != 3 or min(in_shape) < 1:
+        raise ModelError(f"input shape must be (channels, height, width), got {tuple(in_shape)}")
+    # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
+    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(seed * 100003 + node)
+        model = SplitModel(arch, _BUILDERS[arch](tuple(in_shape), d_z), d_z, d_p, hidden, num_classes)
+    if norm == "group":
+        _to_group_norm(model)
+    return model
+
+
+def _num_groups(channels: int) -> int:
+    # At most 32 groups (GroupNorm paper default) with at least 4 channels each:
+    # a one-channel group on a 1x1 feature map (8x8 inputs, deep layers) normalises to 0.
+    return max((g for g in range(1, 33) if channels % g == 0 and channels // g >= 4), default=1)
+
+
+def _to_group_norm(module: nn.Module) -> None:
+    """Replace every BatchNorm in place by a GroupNorm over the same channels (L2C)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.modules.batchnorm._BatchNorm):
+            setattr(module, name, nn.GroupNorm(_num_groups(child.num_features), child.num_features))
+        else:
+            _to_group_norm(child)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

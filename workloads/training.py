@@ -1,0 +1,75 @@
+"""Local training, evaluation and model averaging: the pieces protocols run as compute jobs."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0):
+    """Index batches over a fresh permutation; with steps > 0, exactly that many (reshuffling as needed)."""
+    done = 0
+    while True:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            yield order[start:start + batch_size]
+            done += 1
+            if steps and done >= steps:
+                return
+        if not steps:
+            return
+
+
+def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, weight_decay: float,
+        batch_size: int, generator: torch.Generator) -> tuple[float, int]:
+    """Local SGD with heavy-ball momentum, buffer fresh each call; returns (mean loss, samples seen)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    model.train()
+    total, seen = 0.0, 0
+    for _ in range(1 if steps else epochs):
+        for idx in batches(len(y), batch_size, generator, steps):
+            if len(idx) < 2 and model.training:
+                continue  # BatchNorm cannot train on a single sample
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(idx)
+            seen += len(idx)
+    return total / max(seen, 1), seen
+
+
+@torch.no_grad()
+def accuracy(model, x, y, batch_size: int = 1024) -> float:
+    if len(y) == 0:
+        return float("nan")
+    model.eval()
+    correct = sum((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum().item()
+                  for i in range(0, len(y), batch_size))
+    return correct / len(y)
+
+
+def float_state(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The floating-point entries of a state dict (never counters such as num_batches_tracked).
+
+    Entries whose names start with a prefix in `skip` are left out (e.g. an unused projection head).
+    """
+    return {k: v.detach().clone() for k, v in module.state_dict().items()
+            if v.is_floating_point() and not k.startswith(skip)}
+
+
+@torch.no_grad()
+def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, dict]]) -> None:
+    """x <- w_ii x + sum_j w_ij x_j, in place, over the entries the neighbours sent."""
+    if not others:
+        return
+    state = module.state_dict()
+    for name in others[0][1]:
+        value = state[name]
+        mixed = value * self_weight
+        for weight, other in others:
+            mixed.add_(other[name].to(value.dtype), alpha=weight)
+        value.copy_(mixed)
+
+
+def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.reshape(-1).float() for v in state.values()])
