@@ -41,6 +41,7 @@ class RunConfig:
     workers: int = 0
     out: str = ""
     trace: bool = False
+    no_plots: bool = False
     quiet: bool = False
 
 
@@ -69,6 +70,7 @@ HELP = {
     "workers": "executor threads (0: one per CPU core)",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>)",
     "trace": "write messages.jsonl with one row per message",
+    "no_plots": "skip the PNG plots under RUN_DIR/plots",
     "quiet": "no progress bar or summary table",
 }
 

@@ -46,6 +46,10 @@ def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path)
         rows = emulation.run()
         wall = time.perf_counter() - start
     summary = write_run_dir(out_dir, run, options, emulation, rows, wall)
+    if not run.no_plots:
+        from analysis.plots import plot_run
+
+        plot_run(out_dir)
     if not run.quiet:
         console.print(summary_table(summary, out_dir))
         protocol.render(console)

@@ -2,14 +2,14 @@
 
 Frame layout (integers little-endian; tensor bytes little-endian, as on the hosts we run on):
   prefix  16 bytes: b"P2PW", u32 header length H, u64 data length D
-  header  H bytes of msgpack; each tensor is an ExtType whose payload is the msgpack list
-          [dtype, shape, offset, nbytes] (compressed ones add [codec, scale, as_numpy])
-  data    D bytes starting at the first multiple of 16 after the header; each tensor's bytes
-          lie at data[offset:offset+nbytes], 16-aligned and in header order, with zero padding
+  header  H bytes of msgpack; each tensor is an ExtType (1 torch, 2 numpy, 3 compressed) whose
+          payload is the msgpack list [dtype, shape, offset, nbytes] (3 adds codec, scale, as_numpy)
+  data    D bytes from the first multiple of 16 after the header; each tensor's bytes lie at
+          data[offset:offset+nbytes], in header order, 16-aligned, zero padding between them
 
-encode copies each tensor once into a single bytearray. decode of a bytearray (or writable
+encode copies each tensor's bytes once, into one bytearray. decode of a bytearray (or writable
 memoryview) returns tensors that are zero-copy, writable views of it, so they share memory with
-the frame and with any other decode of that same buffer; bytes are copied once first.
+that buffer and with anything else decoded from it; bytes are copied once into a bytearray first.
 """
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ class WireError(Exception):
 _MAGIC = b"P2PW"
 _PREFIX = struct.Struct("<4sIQ")
 _ALIGN = 16  # >= every itemsize, so tensors start element-aligned in a malloc'd buffer
+_ZEROS = bytes(_ALIGN)
 _TORCH, _NUMPY, _LOSSY = 1, 2, 3  # msgpack ext type codes
+_FIELDS = {_TORCH: 4, _NUMPY: 4, _LOSSY: 7}  # payload length per ext type
 _NUMPY_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in (
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
@@ -42,13 +44,11 @@ _TORCH_DTYPES = {name: d for d, name in _TORCH_NAMES.items()}
 # numpy has no bfloat16 or float8: their bytes travel through numpy as same-size unsigned ints
 _STAND_INS = {torch.bfloat16: torch.uint16, torch.float8_e4m3fn: torch.uint8,
               torch.float8_e5m2: torch.uint8}
-_CARRIERS = {name: _NUMPY_DTYPES[_TORCH_NAMES[_STAND_INS.get(d, d)]] for name, d in _TORCH_DTYPES.items()}
+_CARRIERS = {name: _NUMPY_DTYPES[_TORCH_NAMES[_STAND_INS.get(d, d)]]
+             for name, d in _TORCH_DTYPES.items()}
+_BOOL = _NUMPY_DTYPES["bool"]
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _LEVELS = {"q8": 127, "q4": 7}
-
-
-def _pad(n: int) -> int:
-    return -n % _ALIGN
 
 
 def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = None) -> bytearray:
@@ -58,15 +58,17 @@ def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = Non
     if compress in _LEVELS and rng is None:
         raise ValueError(f"compression {compress!r} needs rng, a numpy Generator")
     enc = _Encoder(compress, rng)
-    header = msgpack.packb(obj, default=enc.default, use_bin_type=True)
+    header = msgpack.packb(obj, default=enc.default)
     prefix = _PREFIX.pack(_MAGIC, len(header), enc.size)
     # bytearray.join allocates without zero-filling: the tensor bytes are copied exactly once
-    return bytearray().join([prefix, header, bytes(_pad(len(prefix) + len(header))), *enc.parts])
+    return bytearray().join([prefix, header, _ZEROS[:-(len(prefix) + len(header)) % _ALIGN],
+                             *enc.parts])
 
 
 class _Encoder:
     def __init__(self, compress: str, rng: np.random.Generator | None):
         self.compress, self.rng = compress, rng
+        self.packer = msgpack.Packer()  # for ext payloads; reusing one saves a third of the cost
         self.parts: list = []  # the data region, as buffers in order
         self.size = 0
 
@@ -84,46 +86,41 @@ class _Encoder:
             raise TypeError(f"wire cannot encode {t.layout} tensors of {t.dtype}")
         if t.requires_grad or not t.is_cpu or t.is_neg() or t.is_conj():
             t = t.detach().cpu().resolve_conj().resolve_neg()  # the plain values, on the host
-        shape = list(t.shape)
         if self._compresses(t.dtype):
-            return self._lossy(t, name, shape, False)
-        offset, nbytes = self._place(_bytes_of(t))
-        return msgpack.ExtType(_TORCH, msgpack.packb([name, shape, offset, nbytes]))
+            return self._lossy(t, name, False)
+        return self._ext(_TORCH, _bytes_of(t), name, list(t.shape))
 
     def _numpy(self, a: np.ndarray) -> msgpack.ExtType:
         name = a.dtype.name
         if name not in _NUMPY_DTYPES:
             raise TypeError(f"wire cannot encode numpy arrays of {a.dtype}")
-        shape = list(a.shape)
         if self._compresses(_TORCH_DTYPES[name]):
             # torch does the lossy maths; it needs native byte order and (to stay quiet) writable
             return self._lossy(torch.from_numpy(np.require(a, a.dtype.newbyteorder("="), "W")),
-                               name, shape, True)
-        offset, nbytes = self._place(np.ascontiguousarray(a, _NUMPY_DTYPES[name]))
-        return msgpack.ExtType(_NUMPY, msgpack.packb([name, shape, offset, nbytes]))
+                               name, True)
+        return self._ext(_NUMPY, np.ascontiguousarray(a, _NUMPY_DTYPES[name]), name, list(a.shape))
 
     def _compresses(self, dtype: torch.dtype) -> bool:
         return (self.compress != "none" and dtype.is_floating_point
                 and dtype != _CASTS.get(self.compress))
 
-    def _lossy(self, t: torch.Tensor, name: str, shape: list, as_numpy: bool) -> msgpack.ExtType:
+    def _lossy(self, t: torch.Tensor, name: str, as_numpy: bool) -> msgpack.ExtType:
         if self.compress in _CASTS:
             data, scale = t.to(_CASTS[self.compress]), None
         else:
             data, scale = _quantise(t, _LEVELS[self.compress], self.rng)
-        offset, nbytes = self._place(_bytes_of(data))
-        return msgpack.ExtType(_LOSSY, msgpack.packb(
-            [name, shape, offset, nbytes, self.compress, scale, as_numpy]))
+        return self._ext(_LOSSY, _bytes_of(data), name, list(t.shape), self.compress, scale,
+                         as_numpy)
 
-    def _place(self, raw: np.ndarray) -> tuple[int, int]:
-        """Append raw (C-contiguous) to the data region; returns its (offset, nbytes)."""
-        pad = _pad(self.size)
+    def _ext(self, code: int, raw: np.ndarray, name: str, shape: list, *extra) -> msgpack.ExtType:
+        """Append raw (C-contiguous) to the data region; the ext type that points at it."""
+        pad = -self.size % _ALIGN
         if pad:
-            self.parts.append(bytes(pad))
+            self.parts.append(_ZEROS[:pad])
         self.parts.append(raw)
         offset = self.size + pad
         self.size = offset + raw.nbytes
-        return offset, raw.nbytes
+        return msgpack.ExtType(code, self.packer.pack([name, shape, offset, raw.nbytes, *extra]))
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
@@ -176,15 +173,15 @@ def _decode(frame) -> object:
     magic, header_len, data_len = _PREFIX.unpack_from(buf)
     if magic != _MAGIC:
         raise WireError("frame does not start with the wire magic")
-    start = _PREFIX.size + header_len
-    start += _pad(start)
+    header_end = _PREFIX.size + header_len
+    start = header_end + -header_end % _ALIGN
     if start + data_len != len(buf):
         raise WireError(f"frame is {len(buf)} bytes but its prefix says {start + data_len}")
     dec = _Decoder(buf, start)
     with memoryview(buf) as view:
         try:
-            obj = msgpack.unpackb(view[_PREFIX.size:_PREFIX.size + header_len],
-                                  ext_hook=dec.ext_hook, strict_map_key=False, raw=False)
+            obj = msgpack.unpackb(view[_PREFIX.size:header_end], ext_hook=dec.ext_hook,
+                                  strict_map_key=False)
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise WireError(f"bad msgpack header: {type(e).__name__}: {e}".splitlines()[0]) from e
     if dec.end != data_len:
@@ -198,14 +195,12 @@ class _Decoder:
         self.end = 0  # where the previous tensor ended in the data region
 
     def ext_hook(self, code: int, payload: bytes):
-        if code not in (_TORCH, _NUMPY, _LOSSY):
-            raise WireError(f"unknown ext type {code}")
         fields = msgpack.unpackb(payload)
-        if type(fields) is not list or len(fields) != (7 if code == _LOSSY else 4):
-            raise WireError(f"bad tensor descriptor {fields!r:.80}")
+        if type(fields) is not list or len(fields) != _FIELDS.get(code):
+            raise WireError(f"bad ext type {code} with payload {fields!r:.80}")
         name, shape, offset, nbytes = fields[:4]
         # tensors must tile the data region exactly as encode lays them out
-        if offset != self.end + _pad(self.end):
+        if offset != self.end + -self.end % _ALIGN:
             raise WireError(f"tensor at offset {offset!r:.20} is out of place")
         if type(shape) is not list or min(shape, default=0) < 0:  # numpy reads -1 as "infer"
             raise WireError(f"bad shape {shape!r:.80}")
@@ -219,14 +214,15 @@ class _Decoder:
         if code == _NUMPY:
             return array
         t = torch.from_numpy(array)
-        return t.view(_TORCH_DTYPES[name]) if t.dtype != _TORCH_DTYPES[name] else t
+        dtype = _TORCH_DTYPES[name]
+        return t if t.dtype == dtype else t.view(dtype)
 
     def _array(self, dtype: np.dtype, shape: list, offset: int, nbytes) -> np.ndarray:
         """The nbytes at data[offset:] as an array of shape, sharing the frame's memory."""
         array = np.ndarray(shape, dtype, self.buf, self.start + offset)  # raises if past the end
         if array.nbytes != nbytes:
             raise WireError(f"{dtype.name} array of shape {shape} cannot be {nbytes!r:.20} bytes")
-        if dtype == bool and array.view(np.uint8).max(initial=0) > 1:
+        if dtype is _BOOL and array.view(np.uint8).max(initial=0) > 1:
             raise WireError("bool array holds bytes other than 0 and 1")
         self.end = offset + array.nbytes
         return array
@@ -242,16 +238,19 @@ class _Decoder:
         if codec in _CASTS:
             if scale is not None:
                 raise WireError(f"{codec} tensor with a scale")
-            wire = self._array(_CARRIERS[_TORCH_NAMES[_CASTS[codec]]], [count], offset, nbytes)
-            return torch.from_numpy(wire).view(_CASTS[codec]).to(dtype).view(shape)
+            wire = _CASTS[codec]
+            raw = self._array(_CARRIERS[_TORCH_NAMES[wire]], [count], offset, nbytes)
+            return torch.from_numpy(raw).view(wire).to(dtype).view(shape)
         if codec not in _LEVELS:
             raise WireError(f"unknown codec {codec!r:.20}")
         if type(scale) is not float or not math.isfinite(scale) or scale < 0:
             raise WireError(f"bad quantisation scale {scale!r:.20}")
         work = torch.float64 if dtype == torch.float64 else torch.float32
         if codec == "q8":
-            q = torch.from_numpy(self._array(_NUMPY_DTYPES["int8"], [count], offset, nbytes)).to(work)
+            q = torch.from_numpy(self._array(_NUMPY_DTYPES["int8"], [count], offset, nbytes))
+            q = q.to(work)
         else:
-            packed = torch.from_numpy(self._array(_NUMPY_DTYPES["uint8"], [(count + 1) // 2], offset, nbytes))
+            packed = self._array(_NUMPY_DTYPES["uint8"], [(count + 1) // 2], offset, nbytes)
+            packed = torch.from_numpy(packed)
             q = torch.stack((packed & 15, packed >> 4), 1).reshape(-1)[:count].to(work).sub_(8)
         return q.mul_(scale / _LEVELS[codec]).to(dtype).view(shape)

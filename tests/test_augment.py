@@ -81,6 +81,17 @@ def test_crop_zooms_in():
     assert ((a > 0.05) & (a < 0.95)).float().mean() > 0.5
 
 
+def test_crops_are_scattered_sub_ramps():
+    # On a left-to-right ramp a crop is again a ramp (reversed when flipped), and
+    # its mean is the box's horizontal centre, which must vary over the image.
+    ramp = ((torch.arange(28) + 0.5) / 28).expand(256, 1, 28, 28).contiguous()
+    a, _ = TwoViews((1, 28, 28), torch.Generator().manual_seed(0), scale=(0.2, 0.3))(ramp)
+    steps = a[:, 0, 14].diff(dim=-1)
+    assert ((steps > 0).all(1) | (steps < 0).all(1)).all()
+    centres = a.mean((1, 2, 3))
+    assert centres.min() < 0.35 and centres.max() > 0.65 and 0.4 < centres.mean() < 0.6
+
+
 @pytest.mark.parametrize(
     "ours,theirs,lo,hi",
     [
