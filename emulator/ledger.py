@@ -23,24 +23,25 @@ class Ledger:
         self.node_rounds: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.trace: list[list] | None = [] if trace else None
 
-    def sent(self, src: int, dst: int, rnd: int, nbytes: int) -> None:
-        row = self.links[src, dst]
+    def row(self, src: int, dst: int) -> list[int]:
+        """The counters of link src -> dst; links keep a reference so the hot path skips lookups."""
+        return self.links[src, dst]
+
+    def sent(self, row: list[int], src: int, rnd: int, nbytes: int) -> None:
         row[_SENT] += 1
         row[_BYTES_SENT] += nbytes
         node = self.node_rounds[src, rnd]
         node[0] += 1
         node[1] += nbytes
 
-    def delivered(self, src: int, dst: int, rnd: int, nbytes: int) -> None:
-        row = self.links[src, dst]
+    def delivered(self, row: list[int], dst: int, rnd: int, nbytes: int) -> None:
         row[_DELIVERED] += 1
         row[_BYTES_DELIVERED] += nbytes
         node = self.node_rounds[dst, rnd]
         node[2] += 1
         node[3] += nbytes
 
-    def dropped(self, src: int, dst: int, nbytes: int, cause: str) -> None:
-        row = self.links[src, dst]
+    def dropped(self, row: list[int], cause: str) -> None:
         row[_DROPPED] += 1
         row[_CAUSE[cause]] += 1
 

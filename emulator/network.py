@@ -59,7 +59,7 @@ class Mailbox:
 class Network:
     def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seed: int, *,
                  uplink: float = math.inf, downlink: float = math.inf,
-                 compress: str = "none", max_message_bytes: int | None = None):
+                 compress: str = "none", max_message_bytes: int = 2**62):
         self.clock, self.ledger, self.spec, self.seed = clock, ledger, spec, seed
         self.compress, self.max_message_bytes = compress, max_message_bytes
         self.num_nodes = graph.number_of_nodes()
@@ -89,9 +89,9 @@ class Network:
         link = self.links.get((src, dst))
         if link is None:
             spec = self.spec.override(attrs) if attrs else self.spec
-            link = Link(src, dst, spec, self.seed, self.uplinks[src], self.downlinks[dst])
+            link = Link(src, dst, spec, self.seed, self.uplinks[src], self.downlinks[dst],
+                        self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
             self.links[src, dst] = link
-            self.ledger.links[src, dst]  # every link gets a ledger row, even if it stays idle
         return link
 
     def neighbours(self, node: int) -> list[int]:
@@ -115,35 +115,37 @@ class Network:
                                     f"(neighbours: {self._sorted[src]})")
         now = self.clock.now
         ledger = self.ledger
+        link = self.links[src, dst]
         nbytes = len(frame)
-        row = ledger.record(src, dst, kind, rnd, nbytes, now) if ledger.trace is not None else None
-        if self.max_message_bytes is not None and nbytes > self.max_message_bytes:
+        trace = ledger.record(src, dst, kind, rnd, nbytes, now) if ledger.trace is not None else None
+        if nbytes > self.max_message_bytes:
             warnings.warn(f"node {src}: a {kind!r} message of {nbytes} bytes exceeds the "
                           f"{self.max_message_bytes}-byte limit and was refused", MessageTooLargeWarning)
-            return self._drop(src, dst, rnd, 0, "over_limit", row)
+            ledger.sent(link.counters, src, rnd, 0)
+            return self._drop(link, "over_limit", trace)
         if not self.online[src]:
-            return self._drop(src, dst, rnd, 0, "offline", row)
-        ledger.sent(src, dst, rnd, nbytes)
-        _, arrival = self.links[src, dst].transmit(now, nbytes)
+            ledger.sent(link.counters, src, rnd, 0)
+            return self._drop(link, "offline", trace)
+        ledger.sent(link.counters, src, rnd, nbytes)
+        _, arrival = link.transmit(now, nbytes)
         if arrival is None:
-            return self._drop(src, dst, rnd, nbytes, "loss", row)
-        self.clock.schedule(arrival, self._arrive, src, dst, rnd, frame, now, arrival, row)
+            return self._drop(link, "loss", trace)
+        self.clock.schedule(arrival, self._arrive, link, rnd, frame, now, arrival, trace)
 
-    def _drop(self, src, dst, rnd, nbytes, cause, row) -> None:
-        if nbytes == 0:
-            self.ledger.sent(src, dst, rnd, 0)
-        self.ledger.dropped(src, dst, nbytes, cause)
-        if row is not None:
-            row[7] = cause
+    def _drop(self, link: Link, cause: str, trace: list | None) -> None:
+        self.ledger.dropped(link.counters, cause)
+        if trace is not None:
+            trace[7] = cause
 
-    def _arrive(self, src, dst, rnd, frame, t_send, arrival, row) -> None:
+    def _arrive(self, link: Link, rnd, frame, t_send, arrival, trace) -> None:
+        dst = link.dst
         if not self.online[dst]:
-            return self._drop(src, dst, rnd, len(frame), "offline", row)
+            return self._drop(link, "offline", trace)
         try:
             kind, msg_round, body = wire.decode(frame)
         except (wire.WireError, TypeError, ValueError):
-            return self._drop(src, dst, rnd, len(frame), "corrupt", row)
-        self.ledger.delivered(src, dst, rnd, len(frame))
-        if row is not None:
-            row[6], row[7] = arrival, "delivered"
-        self.mailboxes[dst].put(Message(src, dst, kind, msg_round, body, len(frame), t_send, arrival))
+            return self._drop(link, "corrupt", trace)
+        self.ledger.delivered(link.counters, dst, rnd, len(frame))
+        if trace is not None:
+            trace[6], trace[7] = arrival, "delivered"
+        self.mailboxes[dst].put(Message(link.src, dst, kind, msg_round, body, len(frame), t_send, arrival))

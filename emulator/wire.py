@@ -156,7 +156,8 @@ def decode(frame: bytes | bytearray | memoryview) -> object:
     except WireError:
         raise
     except Exception as e:  # a safety net: whatever slipped past the checks is still a bad frame
-        raise WireError(f"malformed frame: {type(e).__name__}: {e}".splitlines()[0]) from e
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise WireError(f"malformed frame: {reason}".splitlines()[0]) from e
 
 
 def _decode(frame) -> object:
@@ -178,12 +179,8 @@ def _decode(frame) -> object:
     if start + data_len != len(buf):
         raise WireError(f"frame is {len(buf)} bytes but its prefix says {start + data_len}")
     dec = _Decoder(buf, start)
-    with memoryview(buf) as view:
-        try:
-            obj = msgpack.unpackb(view[_PREFIX.size:header_end], ext_hook=dec.ext_hook,
-                                  strict_map_key=False)
-        except (ValueError, TypeError, msgpack.UnpackException) as e:
-            raise WireError(f"bad msgpack header: {type(e).__name__}: {e}".splitlines()[0]) from e
+    obj = msgpack.unpackb(memoryview(buf)[_PREFIX.size:header_end], ext_hook=dec.ext_hook,
+                          strict_map_key=False)
     if dec.end != data_len:
         raise WireError(f"tensors cover {dec.end} of {data_len} data bytes")
     return obj

@@ -321,6 +321,12 @@ def test_tampered_compressed_descriptor(codec, scale, as_numpy, name):
         decode(join(header, data))
 
 
+def test_negative_shape_that_numpy_would_infer():
+    header, data = split(bytes(encode({"w": torch.arange(4.0)})))
+    with pytest.raises(WireError):
+        decode(join(edit_ext(header, lambda c, f: (c, [f[0], [-1], f[2], f[3]])), data))
+
+
 def test_data_region_longer_than_its_tensors():
     header, data = split(sample_frame())
     with pytest.raises(WireError):

@@ -208,7 +208,7 @@ def assigned_arch(name: str, node: int, assign: str = "round-robin", seed: int =
     if pool is None:
         return name
     if assign == "round-robin":
-        return pool[0]
+        return pool[node % len(pool)]
     # Independent per node, reproducible from (seed, node) alone.
     return pool[int(np.random.default_rng([seed, node]).integers(len(pool)))]
 

@@ -73,3 +73,22 @@ def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, d
 
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(-1).float() for v in state.values()])
+
+
+def difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """a - b, entry by entry, over the entries of a."""
+    return {name: a[name] - b[name] for name in a}
+
+
+def inner(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """<a, b> over the entries both hold."""
+    return float(sum((a[name].double() * b[name].double()).sum() for name in a if name in b))
+
+
+def loss_gradient(model, x, y) -> tuple[float, dict[str, torch.Tensor]]:
+    """Cross-entropy of the model (eval mode) on (x, y) and its gradient by parameter name."""
+    model.eval()
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    loss = F.cross_entropy(model(x), y)
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return loss.item(), {name: g for (name, _), g in zip(named, grads) if g is not None}

@@ -1,0 +1,214 @@
+"""L2C (Li, Zhou, Tian, Tao; 2022): learning to collaborate with learnable mixing weights.
+
+Every node keeps a personal model theta_i (all nodes start from the same theta^0,
+so their updates live in one parameter space) and logits alpha_i over itself and
+its neighbours. Round t at node i (Algorithm 1):
+  1. theta~ = theta_i; local SGD on the train split.
+  2. Delta_i = theta_i - theta~ (the paper's sign); send it to the neighbours that
+     still listen to i.
+  3. w_i = softmax(alpha_i) over {i} and the neighbours whose update arrived.
+  4. theta_i <- theta_i - sum_j w_ij Delta_j (self included).
+  5. One Adam step on alpha_i down the hypergradient of the validation loss at
+     the new theta_i: dL/dw_ij = -<grad L_val(theta_i), Delta_j>, chained through
+     the softmax. The new alpha applies from the next round.
+  6. At round T0 node i drops the K0 neighbours with the smallest w_ij of that
+     round (one it did not hear from counts as 0) and tells every neighbour which
+     ones it keeps; from round T0 + 1 a node sends only to the neighbours that
+     kept it, so the bytes of the model updates fall to (kept)/(original).
+
+The mixing weights of every round go to graph.jsonl. When the partition knows
+the tasks (e.g. mapl:scenario=1,clusters=5), summary.json says per node whether
+its largest non-self weights are exactly its same-task neighbours.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from emulator.errors import UsageError
+from emulator.protocol import register
+from workloads.task import WorkloadOptions
+from workloads.training import difference, float_state, inner, loss_gradient
+
+from .base import LearningProtocol
+from .dfedavgm import DFedAvgMOptions
+
+SKIP = ("projection.",)  # MAPL's projection head: L2C never trains, mixes or sends it
+
+
+def _like(options: type, name: str, default) -> field:
+    """Another protocol's option with the same help text and a different default."""
+    return field(default=default, metadata={f.name: f for f in fields(options)}[name].metadata)
+
+
+@dataclass
+class L2COptions(WorkloadOptions):
+    partition: str = _like(WorkloadOptions, "partition", "shards:n=2")
+    val_fraction: float = _like(WorkloadOptions, "val_fraction", 0.2)
+    norm: str = _like(WorkloadOptions, "norm", "group")  # the paper replaces BatchNorm by GroupNorm
+    local_epochs: int = _like(DFedAvgMOptions, "local_epochs", 5)
+    local_steps: int = _like(DFedAvgMOptions, "local_steps", 0)
+    lr: float = _like(DFedAvgMOptions, "lr", 0.01)
+    momentum: float = _like(DFedAvgMOptions, "momentum", 0.0)
+    weight_decay: float = _like(DFedAvgMOptions, "weight_decay", 5e-4)
+    batch_size: int = _like(DFedAvgMOptions, "batch_size", 10)
+    timeout: float = _like(DFedAvgMOptions, "timeout", 60.0)
+    alpha_lr: float = field(default=0.1, metadata={
+        "help": "Adam learning rate of the mixing parameters (L2C: logits alpha; meta-L2C: the encoder)"})
+    alpha_weight_decay: float = field(default=0.01, metadata={"help": "Adam weight decay of the mixing parameters"})
+    prune_round: int = field(default=10, metadata={"help": "T0: the round (from 0) after which nodes prune"})
+    prune: str = field(default="0.5", metadata={
+        "help": "K0: neighbours each node drops at T0, a count (3) or a fraction of its neighbours (0.5); 0: never"})
+
+    def validate(self):
+        if self.model in ("hetero", "hetero-small"):
+            raise UsageError(f"--model {self.model}: L2C mixes model updates, so every node needs the same model")
+        if self.lr <= 0 or self.alpha_lr <= 0 or self.batch_size < 1 or self.timeout <= 0:
+            raise UsageError("--lr, --alpha-lr and --timeout must be positive and --batch-size at least 1")
+        if self.local_steps < 0 or self.local_epochs < 1 or self.prune_round < 0 or self.alpha_weight_decay < 0:
+            raise UsageError("--local-epochs must be at least 1; --local-steps, --prune-round and "
+                             "--alpha-weight-decay not negative")
+        if not 0 < self.val_fraction < 1:
+            raise UsageError(f"--val-fraction {self.val_fraction}: L2C needs a validation split, in (0, 1)")
+        prune_count(self.prune, 1)
+
+
+def prune_count(spec: str, degree: int) -> int:
+    """K0 for a node of `degree` neighbours: an integer is a count, a decimal a fraction of the degree."""
+    try:
+        value = int(spec) if spec.strip().lstrip("+").isdigit() else float(spec)
+    except ValueError:
+        raise UsageError(f"--prune {spec!r}: expected a count (3) or a fraction (0.5)") from None
+    if isinstance(value, float) and not 0 <= value <= 1 or value < 0:
+        raise UsageError(f"--prune {spec!r}: a fraction must lie in [0, 1] and a count must not be negative")
+    return min(degree, value if isinstance(value, int) else round(value * degree))
+
+
+def aggregate(model, start: dict, updates: list[dict], weights: torch.Tensor) -> None:
+    """theta <- theta^t - sum_j w_j Delta_j, in place (eq. 2)."""
+    with torch.no_grad():
+        model.load_state_dict({name: value - sum(w * u[name] for w, u in zip(weights.tolist(), updates))
+                               for name, value in start.items()}, strict=False)
+
+
+def hypergradient(model, start: dict, updates: list[dict], weights: torch.Tensor, val_x, val_y):
+    """Aggregate into model; return L_val at the result and dL_val/dw_j = -<grad L_val, Delta_j>."""
+    aggregate(model, start, updates, weights)
+    loss, grad = loss_gradient(model, val_x, val_y)
+    return loss, torch.tensor([-inner(grad, u) for u in updates], dtype=weights.dtype)
+
+
+class MixingLogits:
+    """L2C's alpha_i: one logit per member of {i} and N(i), initially equal, trained by Adam."""
+
+    def __init__(self, members: list[int], lr: float, weight_decay: float):
+        self.index = {j: k for k, j in enumerate(members)}
+        self.alpha = torch.zeros(len(members), requires_grad=True)
+        self.optimizer = torch.optim.Adam([self.alpha], lr=lr, weight_decay=weight_decay)
+
+    def weights(self, bodies: dict[int, dict]) -> torch.Tensor:
+        return torch.softmax(self.alpha[[self.index[j] for j in bodies]], 0)
+
+
+@register("l2c")
+class L2C(LearningProtocol):
+    """L2C: personal models mix neighbours' updates with weights learnt on a validation split; prunes at T0."""
+    Options = L2COptions
+
+    def __init__(self, options, env):
+        super().__init__(options, env)
+        self.neighbourhoods: dict[int, list[int]] = {}
+        self.final_weights: dict[int, dict[int, float]] = {}
+
+    # -- what L2C and meta-L2C do differently ---------------------------------
+    def mixer(self, node, model):
+        o = self.options
+        return MixingLogits([node.id, *node.neighbours], o.alpha_lr, o.alpha_weight_decay)
+
+    def message(self, start: dict, model, origin: dict) -> dict:
+        """What node i sends each round: its update Delta_i."""
+        return {"update": difference(start, float_state(model, SKIP))}
+
+    async def share(self, node, mixer) -> None:
+        """Anything to agree on after the mixing step (L2C: nothing)."""
+
+    # -- the round -------------------------------------------------------------
+    async def run(self, node):
+        o = self.options
+        # Every node starts from node 0's initial weights: updates from one starting point are comparable.
+        model, data = self.workload.model(0), self.workload.data(node.id)
+        origin = float_state(model, SKIP)
+        mixer = self.mixer(node, model)
+        self.neighbourhoods[node.id] = list(node.neighbours)
+        sources, listeners = list(node.neighbours), set(node.neighbours)
+        pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
+        for rnd in node.rounds():
+            start = float_state(model, SKIP)
+            loss = await self.train(node, model, data)
+            if pruning and rnd == o.prune_round + 1:
+                listeners = await self.still_listening(node, listeners)
+            own = self.message(start, model, origin)
+            node.broadcast("update", own, to=[j for j in node.neighbours if j in listeners])
+            heard = await node.gather("update", peers=[j for j in sources if j in node.neighbours],
+                                      timeout=o.timeout)
+            bodies = {node.id: own, **{j: m.body for j, m in heard.items()}}
+            weights, val_loss = await node.compute(self.collaborate, mixer, model, start, bodies, data,
+                                                   work=len(data.val_y))
+            node.record("graph", weights={str(j): w for j, w in weights.items()})
+            self.final_weights[node.id] = weights
+            await self.share(node, mixer)
+            if pruning and rnd == o.prune_round:
+                sources = self.prune(node, sources, weights)
+            node.snapshot(float_state(model, SKIP))
+            node.log(train_loss=loss, val_loss=val_loss, test_acc=await self.evaluate(node, model, data),
+                     heard_from=len(heard))
+
+    @staticmethod
+    def collaborate(mixer, model, start: dict, bodies: dict[int, dict], data) -> tuple[dict[int, float], float]:
+        """Steps 3-5: mix the updates with w = mixer's weights, then one Adam step on the mixer."""
+        weights = mixer.weights(bodies)
+        val_loss, dloss_dw = hypergradient(model, start, [b["update"] for b in bodies.values()],
+                                           weights.detach(), data.val_x, data.val_y)
+        mixer.optimizer.zero_grad()
+        (weights * dloss_dw).sum().backward()  # chain dL/dw through the softmax to the mixer's parameters
+        mixer.optimizer.step()
+        return dict(zip(bodies, weights.tolist())), val_loss
+
+    def prune(self, node, sources: list[int], weights: dict[int, float]) -> list[int]:
+        """Drop the K0 sources of smallest weight; tell every neighbour whom i still listens to."""
+        drop = prune_count(self.options.prune, len(self.neighbourhoods[node.id]))
+        ranked = sorted(sources, key=lambda j: (weights.get(j, 0.0), j))
+        kept = sorted(ranked[drop:])
+        node.broadcast("listening", kept)
+        return kept
+
+    async def still_listening(self, node, listeners: set[int]) -> set[int]:
+        """Neighbours whose T0 notice keeps i; one whose notice never came keeps getting i's updates."""
+        notices = await node.gather("listening", round=self.options.prune_round, peers=sorted(listeners),
+                                    timeout=self.options.timeout)
+        return {j for j in listeners if j not in notices or node.id in notices[j].body}
+
+    # -- results ---------------------------------------------------------------
+    def summary(self) -> dict:
+        """Where tasks are known: does each node put its same-task neighbours on top of its last weights?"""
+        clusters = self.workload.clusters
+        if any(c is None for c in clusters) or not self.final_weights:
+            return {}
+        identified = {}
+        for i, weights in sorted(self.final_weights.items()):
+            peers = {j for j in self.neighbourhoods[i] if clusters[j] == clusters[i]}
+            if peers:
+                ranked = sorted((j for j in weights if j != i), key=lambda j: -weights[j])
+                identified[str(i)] = set(ranked[:len(peers)]) == peers
+        if not identified:
+            return {}
+        return {"same_task_on_top": identified, "task_identification": statistics.fmean(identified.values())}
+
+    def render(self, console) -> None:
+        summary = self.summary()
+        if summary:
+            hits = sum(summary["same_task_on_top"].values())
+            console.print(f"task identification: {hits} of {len(summary['same_task_on_top'])} nodes give "
+                          f"their largest weights to their same-task neighbours")
