@@ -21,6 +21,11 @@ from collections import deque
 from typing import Any, Callable, Coroutine
 
 
+# How long an idle loop waits for a thread outside the compute executor (e.g. a plain
+# loop.run_in_executor) to hand something back, before it calls the run deadlocked.
+_THREAD_GRACE = 1.0
+
+
 class DeadlockError(RuntimeError):
     """Every coroutine waits, and nothing (timer or job) can wake any of them."""
 
@@ -40,11 +45,16 @@ class _VirtualSelector:
         self._clock = clock
 
     def select(self, timeout=None):
-        # Nothing here uses file descriptors on the hot path; poll them only when idle.
+        # Emulation needs no file descriptors: poll them only when nothing else can happen.
         if timeout == 0:
             return []
-        self._clock._advance()
-        return self._real.select(0)
+        if self._clock._advance():
+            return []
+        events = self._real.select(_THREAD_GRACE)
+        if not events:
+            raise DeadlockError("every node is waiting and no timer is pending "
+                                "(a receive without a timeout on a peer that never sends?)")
+        return events
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -158,7 +168,8 @@ class VirtualClock:
                 wall = 0.0
             self.schedule(job.submitted + wall * job.factor, self._resolve, job)
 
-    def _advance(self) -> None:
+    def _advance(self) -> bool:
+        """Jump to the next event or timer; False when there is none."""
         self._settle()
         scheduled = self.loop._scheduled
         while scheduled and scheduled[0]._cancelled:
@@ -171,9 +182,9 @@ class VirtualClock:
                 callback(*args)
         elif scheduled:
             self.now = max(self.now, scheduled[0]._when)
-        elif not (self.loop._ready or self.loop._stopping):
-            raise DeadlockError("every node is waiting and no timer is pending "
-                                "(a receive without a timeout on a peer that never sends?)")
+        else:
+            return bool(self.loop._ready or self.loop._stopping)
+        return True
 
 
 class RealClock:

@@ -21,10 +21,10 @@ class Delay:
 
     def __init__(self, kind: str, **params: float):
         self.kind, self.params = kind, params
-        self._sample = getattr(self, f"_{kind}")
-
-    def sample(self, rng: random.Random) -> float:
-        return max(0.0, self._sample(rng, **self.params))
+        draw = getattr(self, f"_{kind}")
+        # A constant needs no draw: the common case stays cheap.
+        self.sample = (lambda rng: params["value"]) if kind == "constant" else (
+            lambda rng: max(0.0, draw(rng, **params)))
 
     @staticmethod
     def _constant(rng, value):
@@ -143,8 +143,8 @@ class Link:
         self.last_arrival = 0.0
         self.up, self.down = up, down
 
-    def transmit(self, now: float, nbytes: int) -> tuple[float, float | None]:
-        """Occupy the link; return (end of transmission, arrival or None when lost)."""
+    def transmit(self, now: float, nbytes: int) -> float | None:
+        """Occupy the link for the message; return its arrival time, or None when it is lost."""
         up = self.up
         rate = min(self.bandwidth, up.rate)
         start = max(now, self.free_at, up.free_at)
@@ -153,11 +153,11 @@ class Link:
         if up.rate != math.inf:
             up.free_at = end
         if self.loss.lost(self.rng, self.loss_state):
-            return end, None
+            return None
         arrival = max(end + self.latency.sample(self.rng), self.last_arrival)
         self.last_arrival = arrival
         down = self.down
         if down.rate != math.inf:
             arrival = max(arrival, down.free_at + 8.0 * nbytes / down.rate)
             down.free_at = arrival
-        return end, arrival
+        return arrival

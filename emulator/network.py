@@ -127,7 +127,7 @@ class Network:
             ledger.sent(link.counters, src, rnd, 0)
             return self._drop(link, "offline", trace)
         ledger.sent(link.counters, src, rnd, nbytes)
-        _, arrival = link.transmit(now, nbytes)
+        arrival = link.transmit(now, nbytes)
         if arrival is None:
             return self._drop(link, "loss", trace)
         self.clock.schedule(arrival, self._arrive, link, rnd, frame, now, arrival, trace)

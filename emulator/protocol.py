@@ -35,6 +35,9 @@ class Protocol:
     async def run(self, node: "Node") -> None:
         raise NotImplementedError
 
+    async def run_no_rounds(self, node: "Node") -> None:
+        """What a node does in a run with --rounds 0 (set up and report, e.g. evaluate once)."""
+
     def observe(self, rnd: int, snapshots: dict[int, Any]) -> dict[int, dict[str, Any]]:
         """Metrics computed across nodes from their round-`rnd` snapshots (an observer, no messages)."""
         return {}

@@ -77,13 +77,16 @@ class Recorder:
             for node, metrics in self.observe(rnd, snapshots).items():
                 self._row(node, rnd).update(metrics)
 
-    def finish(self) -> list[dict]:
-        """Rows in (round, node) order, with each node's ledger totals for the round."""
+    def finish(self, now: float) -> list[dict]:
+        """Rows in (round, node) order, with each node's ledger totals for the round.
+
+        A row whose round never closed (e.g. --rounds 0, or a crashed node) is stamped with the end time.
+        """
         for rnd in list(self.snapshots):
             self._observe(rnd)
         rows = []
         for (rnd, node), row in sorted(self.rows.items()):
-            row.setdefault("t", None)
+            row.setdefault("t", now)
             row.update(self.ledger.node_round(node, rnd))
             rows.append(row)
         return rows
@@ -107,8 +110,10 @@ class Emulation:
         self.nodes = [Node(i, self) for i in range(graph.number_of_nodes())]
 
     def run(self) -> list[dict]:
+        node_main = self.protocol.run if self.rounds > 0 else self.protocol.run_no_rounds
+
         async def main():
-            await asyncio.gather(*(self.protocol.run(node) for node in self.nodes))
+            await asyncio.gather(*(node_main(node) for node in self.nodes))
 
         # Messages are short-lived and acyclic; full collections over a large run's
         # long-lived objects would dominate the wall time.
@@ -120,7 +125,7 @@ class Emulation:
         finally:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
-        return self.recorder.finish()
+        return self.recorder.finish(self.clock.now)
 
 
 def make_executor(config: cfg.RunConfig) -> concurrent.futures.Executor:

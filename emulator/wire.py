@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 
 import msgpack
 import numpy as np
@@ -52,23 +53,41 @@ _LEVELS = {"q8": 127, "q4": 7}
 
 
 def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = None) -> bytearray:
-    """Serialise obj into one frame; floating tensors are compressed as `compress` says."""
+    """Serialise obj into one frame; floating tensors are compressed as `compress` says.
+
+    Dict keys must stay hashable when decoded: str, int, float, bool, None or bytes, not tuples.
+    """
     if compress not in COMPRESSIONS:
         raise ValueError(f"unknown compression {compress!r}; use one of {', '.join(COMPRESSIONS)}")
     if compress in _LEVELS and rng is None:
         raise ValueError(f"compression {compress!r} needs rng, a numpy Generator")
     enc = _Encoder(compress, rng)
-    header = msgpack.packb(obj, default=enc.default)
+    header_packer, enc.packer = _packers()
+    _local.encoder = enc
+    header = header_packer.pack(obj)
     prefix = _PREFIX.pack(_MAGIC, len(header), enc.size)
     # bytearray.join allocates without zero-filling: the tensor bytes are copied exactly once
     return bytearray().join([prefix, header, _ZEROS[:-(len(prefix) + len(header)) % _ALIGN],
                              *enc.parts])
 
 
+# Building a Packer costs more than packing a small message, so each thread reuses two:
+# one for headers (its default hook reaches the thread's current encoder), one for ext payloads.
+_local = threading.local()
+
+
+def _packers() -> tuple[msgpack.Packer, msgpack.Packer]:
+    packers = getattr(_local, "packers", None)
+    if packers is None:
+        packers = _local.packers = (msgpack.Packer(default=lambda obj: _local.encoder.default(obj)),
+                                    msgpack.Packer())
+    return packers
+
+
 class _Encoder:
     def __init__(self, compress: str, rng: np.random.Generator | None):
         self.compress, self.rng = compress, rng
-        self.packer = msgpack.Packer()  # for ext payloads; reusing one saves a third of the cost
+        self.packer: msgpack.Packer | None = None  # for ext payloads
         self.parts: list = []  # the data region, as buffers in order
         self.size = 0
 
@@ -224,11 +243,11 @@ class _Decoder:
         self.end = offset + array.nbytes
         return array
 
-    def _lossy(self, name, shape: list, offset: int, nbytes, codec, scale, as_numpy) -> torch.Tensor:
+    def _lossy(self, name, shape: list, offset: int, nbytes, codec, scale, as_numpy):
         dtype = _TORCH_DTYPES.get(name) if type(name) is str else None
         if dtype is None or not dtype.is_floating_point or type(as_numpy) is not bool or (
                 as_numpy and name not in _NUMPY_DTYPES):
-            raise WireError(f"compressed tensor claims dtype {name!r:.40} (as_numpy={as_numpy!r:.10})")
+            raise WireError(f"compressed tensor of dtype {name!r:.40}, as_numpy={as_numpy!r:.10}")
         if not all(type(d) is int for d in shape):
             raise WireError(f"bad shape {shape!r:.80}")
         count = math.prod(shape)

@@ -21,6 +21,11 @@ class LearningProtocol(Protocol):
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
 
+    async def run_no_rounds(self, node):
+        """--rounds 0: build the node's data and model, evaluate once."""
+        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        node.log(test_acc=await self.evaluate(node, model, data))
+
     async def train(self, node, model, data) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss."""
         o = self.options

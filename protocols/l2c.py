@@ -100,6 +100,18 @@ def hypergradient(model, start: dict, updates: list[dict], weights: torch.Tensor
     return loss, torch.tensor([-inner(grad, u) for u in updates], dtype=weights.dtype)
 
 
+def backpropagate(mixer, model, start: dict, bodies: dict[int, dict], val_x, val_y) -> tuple[torch.Tensor, float]:
+    """Mix the bodies' updates into model with the mixer's weights; put dL_val/d(mixer) in its .grad.
+
+    dL/dw_j comes from hypergradient(); autograd chains it through the mixer's weights.
+    """
+    weights = mixer.weights(bodies)
+    val_loss, dloss_dw = hypergradient(model, start, [body["update"] for body in bodies.values()],
+                                       weights.detach(), val_x, val_y)
+    (weights * dloss_dw).sum().backward()
+    return weights.detach(), val_loss
+
+
 class MixingLogits:
     """L2C's alpha_i: one logit per member of {i} and N(i), initially equal, trained by Adam."""
 
@@ -167,12 +179,9 @@ class L2C(LearningProtocol):
 
     @staticmethod
     def collaborate(mixer, model, start: dict, bodies: dict[int, dict], data) -> tuple[dict[int, float], float]:
-        """Steps 3-5: mix the updates with w = mixer's weights, then one Adam step on the mixer."""
-        weights = mixer.weights(bodies)
-        val_loss, dloss_dw = hypergradient(model, start, [b["update"] for b in bodies.values()],
-                                           weights.detach(), data.val_x, data.val_y)
+        """Steps 3-5: mix the updates with the mixer's weights, then one Adam step on the mixer."""
         mixer.optimizer.zero_grad()
-        (weights * dloss_dw).sum().backward()  # chain dL/dw through the softmax to the mixer's parameters
+        weights, val_loss = backpropagate(mixer, model, start, bodies, data.val_x, data.val_y)
         mixer.optimizer.step()
         return dict(zip(bodies, weights.tolist())), val_loss
 

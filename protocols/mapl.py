@@ -16,11 +16,13 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
   4. xi_i <- w_ii xi_i + sum_j w_ij xi_j; a neighbour not heard from this round
      leaves its weight with i.
   5. Sparsification: once w_ij = 0 (below 1e-6: float residue of the projection),
-     i never sends to j nor waits for j again.
-A neighbour silent for --silent-rounds consecutive rounds (it dropped i, left, or
-its link is dead) is dropped too and i's row is renormalised; until then CGL scores
-it with the last classifier it sent (never one: similarity -1, as the authors'
-code scores non-neighbours).
+     i drops j: it tells j so (a "drop" message of a few bytes, this round) and
+     never sends to j nor waits for j again. j drops i on hearing it (before its
+     next send; its weight on i is spread over the rest of its row), so a link
+     dies in both directions. (A drop notice lost on a lossy link leaves j
+     waiting up to --timeout for i each round.)
+CGL scores a neighbour whose classifier did not arrive this round with the last one
+it sent (never one: similarity -1, as the authors' code scores non-neighbours).
 
 Paper vs the authors' code (defaults follow the code, which produced the tables):
   --loss-forms code   l_cont = -mean log(sum_pos e^{cos/tau} / sum_{pos+neg} e^{cos/tau});
@@ -63,7 +65,7 @@ from workloads.training import batches, float_state, mix
 
 from .base import LearningProtocol
 
-KIND = "mapl"
+KIND, DROP = "mapl", "drop"
 ADAM_BETA2 = 0.999  # paper and code
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
 ZERO_WEIGHT = 1e-6  # below this w_ij is float residue of the projection: a zero
@@ -92,6 +94,8 @@ class MapLOptions(WorkloadOptions):
     adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
     weight_decay: float = field(default=0.0, metadata=_help("weight decay"))
     batch_size: int = field(default=64, metadata=_help("local batch size"))
+    crop_scale: float = field(default=0.5, metadata=_help(
+        "MAPL: smallest crop area of the augmentation, as a fraction of the image (code: 0.2)"))
     tau: float = field(default=100.0, metadata=_help("MAPL: temperature of the contrastive losses"))
     loss_forms: str = field(default="code", metadata=_help("MAPL losses: code (authors' code) or paper"))
     t_thr: int = field(default=-1, metadata=_help("MAPL: first round of graph learning (-1: rounds // 4)"))
@@ -108,8 +112,6 @@ class MapLOptions(WorkloadOptions):
         "MAPL: keep sending to zero-weight neighbours (the authors' code)"))
     mapl_no_cgl: bool = field(default=False, metadata=_help(
         "MAPL w/o CGL: uniform weights over the neighbours, no classifier exchange"))
-    silent_rounds: int = field(default=3, metadata=_help(
-        "MAPL: drop a neighbour not heard from in this many consecutive rounds"))
     timeout: float = field(default=60.0, metadata=_help("emulated seconds to wait for neighbours' messages"))
 
     def validate(self):
@@ -120,10 +122,12 @@ class MapLOptions(WorkloadOptions):
                 raise UsageError(f"--{flag} {value!r}: choose {' or '.join(allowed)}")
         if min(self.lr, self.tau, self.timeout, self.graph_lr) <= 0:
             raise UsageError("--lr, --tau, --timeout and --graph-lr must be positive")
-        if min(self.batch_size, self.local_epochs, self.graph_steps, self.silent_rounds) < 1:
-            raise UsageError("--batch-size, --local-epochs, --graph-steps and --silent-rounds must be at least 1")
+        if min(self.batch_size, self.local_epochs, self.graph_steps) < 1:
+            raise UsageError("--batch-size, --local-epochs and --graph-steps must be at least 1")
         if self.t_thr < -1 or min(self.mu1, self.mu2, self.beta, self.weight_decay) < 0:
             raise UsageError("--t-thr must be -1 or a round, --mu1/--mu2/--beta/--weight-decay not negative")
+        if not 0 < self.crop_scale <= 1:
+            raise UsageError(f"--crop-scale {self.crop_scale}: must be in (0, 1]")
         if not 0 <= self.adam_beta1 < 1:
             raise UsageError(f"--adam-beta1 {self.adam_beta1}: must be in [0, 1)")
 
@@ -246,26 +250,21 @@ class CollaborationRow:
         self.weights = {j: 1 / (len(neighbours) + 1) for j in [me, *neighbours]}
         self.samples = {me: samples}  # n_j, heard once
         self.classifiers: dict[int, torch.Tensor] = {}  # the last Phi_j heard
-        self.silent = dict.fromkeys(neighbours, 0)  # consecutive rounds not heard
 
     @property
     def peers(self) -> list[int]:
         return [j for j in self.weights if j != self.me]
 
-    def hear(self, heard: dict, silent_rounds: int) -> None:
-        for j in self.peers:
-            message = heard.get(j)
-            self.silent[j] = 0 if message else self.silent[j] + 1
-            if message is None:
-                if self.silent[j] >= silent_rounds:
-                    self.drop(j)
-                continue
+    def hear(self, heard: dict) -> None:
+        for j, message in heard.items():
             if "samples" in message.body:
                 self.samples[j] = message.body["samples"]
             if "classifier" in message.body:
                 self.classifiers[j] = message.body["classifier"]
 
     def drop(self, j: int) -> None:
+        if j not in self.weights:
+            return
         del self.weights[j]
         total = sum(self.weights.values())
         self.weights = {k: w / total for k, w in self.weights.items()} if total > 0 else {self.me: 1.0}
@@ -282,10 +281,12 @@ class CollaborationRow:
                       counts / counts.sum(), o)
         self.weights = dict(zip(nodes, w.tolist()))
 
-    def sparsify(self) -> None:
-        for j in self.peers:
-            if self.weights[j] < ZERO_WEIGHT:
-                self.drop(j)
+    def sparsify(self) -> list[int]:
+        """Drop the neighbours whose weight is zero; returns them."""
+        dropped = [j for j in self.peers if self.weights[j] < ZERO_WEIGHT]
+        for j in dropped:
+            self.drop(j)
+        return dropped
 
     def mixing(self, heard: dict) -> tuple[float, list[tuple[float, int]]]:
         """(w_ii plus the weight of neighbours not heard from, [(w_ij, j) for j heard])."""
@@ -324,7 +325,7 @@ class MAPL(LearningProtocol):
         o = self.options
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         prototypes = initial_prototypes(self.workload.num_classes, o.d_p, node.torch_generator)
-        views = TwoViews(self.workload.dataset.shape, node.torch_generator)
+        views = TwoViews(self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0))
         neighbours = list(node.neighbours)
         row = CollaborationRow(node.id, neighbours, len(data.train_y))
         for r in node.rounds():
@@ -334,11 +335,13 @@ class MAPL(LearningProtocol):
                 weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
                 work=2 * o.local_epochs * len(data.train_y))  # two views per sample
             learn_graph = not o.mapl_no_cgl and r >= self.t_thr
+            while (notice := await node.recv(timeout=0, kind=DROP)) is not None:
+                row.drop(notice.src)
             current = set(node.neighbours)
             peers = [j for j in row.peers if j in current]
             node.broadcast(KIND, self.message(model, prototypes, learn_graph, r, len(data.train_y)), to=peers)
             heard = await node.gather(KIND, peers=peers, timeout=o.timeout)
-            row.hear(heard, o.silent_rounds)
+            row.hear(heard)
             if learn_graph:
                 row.learn(classifier_weight(model), o)
             prototypes = row.mix(prototypes, {j: m.body["prototypes"] for j, m in heard.items()})
@@ -346,7 +349,7 @@ class MAPL(LearningProtocol):
                 self_weight, others = row.mixing(heard)
                 mix(model.backbone, self_weight, [(w, heard[j].body["backbone"]) for w, j in others])
             if not o.no_sparsify:
-                row.sparsify()
+                node.broadcast(DROP, None, to=[j for j in row.sparsify() if j in current])
             self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), len(heard))
 
     def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:

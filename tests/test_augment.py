@@ -104,11 +104,33 @@ def test_crops_are_scattered_sub_ramps():
 def test_batched_jitter_ops_match_v2_per_sample(ours, theirs, lo, hi):
     g = torch.Generator().manual_seed(1)
     x = torch.rand(6, 3, 16, 16, generator=g)
+    x[0] = x[0].round()  # ties between channels, pure colours
+    x[1] = x[1, :1]  # grey: no hue
     factors = lo + (hi - lo) * torch.rand(6, generator=g)
     batched = ours(x.clone(), factors.view(-1, 1, 1, 1))
     expected = torch.stack([theirs(img, float(f)) for img, f in zip(x, factors)])
     assert torch.allclose(batched, expected, atol=1e-5)
     assert not torch.allclose(batched, x, atol=1e-3)
+
+
+def test_colour_jitter_matches_v2_color_jitter_per_sample():
+    # Replays _colour_jitter's draws (same generator seed, same order of draws)
+    # through v2's scalar kernels, one sample at a time, ColorJitter-style.
+    x = torch.rand(32, 3, 12, 12, generator=torch.Generator().manual_seed(3))
+    ours = TwoViews((3, 12, 12), torch.Generator().manual_seed(4))._colour_jitter(x.clone())
+    g = torch.Generator().manual_seed(4)
+    apply = torch.rand(32, generator=g) < 0.8
+    factors = 0.6 + 0.8 * torch.rand(32, 3, generator=g)
+    hue = 0.1 * (2 * torch.rand(32, generator=g) - 1)
+    order = torch.rand(32, 4, generator=g).argsort(1)
+    ops = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+    for i in range(32):
+        image = x[i]
+        params = [*factors[i].tolist(), float(hue[i])]
+        for k in order[i].tolist() if apply[i] else []:
+            image = ops[k](image, params[k])
+        assert torch.allclose(ours[i], image, atol=1e-5), i
+    assert 20 <= apply.sum() < 32
 
 
 def test_bad_input_is_rejected():

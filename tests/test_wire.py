@@ -187,8 +187,10 @@ def test_memoryview_frames():
 # --- malformed input ---------------------------------------------------------------------------
 
 def sample_frame():
-    return bytes(encode({"w": torch.linspace(-2, 2, 15).reshape(3, 5), 2: [np.arange(4, dtype=np.int16), "s"],
-                         "b": torch.tensor([True, False]), "h": torch.ones(3, dtype=torch.bfloat16)}))
+    return bytes(encode({"w": torch.linspace(-2, 2, 15).reshape(3, 5),
+                         2: [np.arange(4, dtype=np.int16), "s"],
+                         "b": torch.tensor([True, False]),
+                         "h": torch.ones(3, dtype=torch.bfloat16)}))
 
 
 def split(frame):
@@ -263,8 +265,10 @@ def test_every_byte_flipped_is_either_decoded_or_a_wire_error():
     assert rejected > len(frame) // 2  # prefix and header damage must be caught
 
 
-@pytest.mark.parametrize("field, delta", [(1, 1), (1, -1), (1, 2**31), (2, 16), (2, -16), (2, 1)],
-                         ids=["header+1", "header-1", "header-huge", "data+16", "data-16", "data+1"])
+@pytest.mark.parametrize("field, delta",
+                         [(1, 1), (1, -1), (1, 2**31), (2, 16), (2, -16), (2, 1)],
+                         ids=["header+1", "header-1", "header-huge",
+                              "data+16", "data-16", "data+1"])
 def test_flipped_prefix_lengths(field, delta):
     frame = bytearray(sample_frame())
     fields = list(struct.unpack_from("<4sIQ", frame))
@@ -365,7 +369,7 @@ def test_non_bytes_frame(frame):
                                    np.array(["a", "b"]), torch.eye(3).to_sparse()],
                          ids=["object", "set", "complex", "object-array", "str-array", "sparse"])
 def test_unsupported_type(value):
-    with pytest.raises(TypeError, match="wire cannot encode|can not serialize"):
+    with pytest.raises(TypeError, match="wire cannot encode"):
         encode({"x": [value]})
 
 
@@ -404,8 +408,9 @@ def test_casts_restore_dtype_within_tolerance(compress, rtol, kind):
 
 @pytest.mark.parametrize("compress", ["fp16", "bf16", "q8", "q4"])
 def test_compression_leaves_integers_and_bools_alone(compress):
-    msg = {"i": torch.arange(-5, 5), "b": torch.tensor([True, False]), "n": np.arange(4, dtype=np.uint8),
-           "nbt": torch.tensor(7), "c": torch.randn(3, dtype=torch.complex64)}
+    msg = {"i": torch.arange(-5, 5), "b": torch.tensor([True, False]),
+           "n": np.arange(4, dtype=np.uint8), "nbt": torch.tensor(7),
+           "c": torch.randn(3, dtype=torch.complex64)}
     assert_same(decode(encode(msg, compress=compress, rng=np.random.default_rng(0))), msg)
 
 
@@ -444,14 +449,15 @@ def test_quantisation_error_is_within_one_step(compress, levels, dtype):
 @pytest.mark.parametrize("compress", ["q8", "q4", "fp16", "bf16"])
 @pytest.mark.parametrize("value", [torch.zeros(5), torch.zeros(3, 0), torch.tensor(2.5),
                                    torch.linspace(-3, 2, 7),
-                                   np.linspace(-1, 1, 9, dtype=np.float32), np.float64(1.5) * np.ones((2, 1))],
+                                   np.linspace(-1, 1, 9, dtype=np.float32),
+                                   np.float64(1.5) * np.ones((2, 1))],
                          ids=["zeros", "empty", "0-d", "odd-length", "numpy32", "numpy64"])
 def test_quantisation_edge_shapes(compress, value):
     got = decode(encode(value, compress=compress, rng=np.random.default_rng(0)))
     assert type(got) is type(value) and got.dtype == value.dtype and got.shape == value.shape
     tol = float(np.abs(np.asarray(value)).max(initial=0)) / 7 + 1e-6
-    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(value, dtype=np.float64),
-                               atol=tol, rtol=0)
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64),
+                               np.asarray(value, dtype=np.float64), atol=tol, rtol=0)
 
 
 def test_quantised_state_dict_sizes():

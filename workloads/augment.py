@@ -4,17 +4,18 @@ The pipeline of the MAPL authors' code (SupCon's CIFAR recipe):
 RandomResizedCrop(scale 0.2-1, ratio 3/4-4/3) back to the input size,
 RandomHorizontalFlip(0.5) and, for RGB only,
 RandomApply(ColorJitter(0.4, 0.4, 0.4, 0.1), p=0.8) and RandomGrayscale(0.2).
-The paper's table also lists a Gaussian blur; the code for 32x32 and 28x28
-images does not use it, and neither do we.
+The paper's Table 8 also lists a Gaussian blur (p = 0.5); like SupCon's CIFAR
+recipe this pipeline leaves it out (on 8-32 px images it wipes out most detail).
 
 Every sample gets its own random parameters. The crop is batched: one
-`affine_grid` + bilinear `grid_sample` over per-sample boxes: the geometry of
+`affine_grid`-style grid + bilinear `grid_sample` over per-sample boxes: the geometry of
 v2 `resized_crop` with bilinear interpolation (a crop is never larger than the
-output, so resizing only upsamples and its antialiasing has nothing to do). Flip,
-grayscale use torchvision.transforms.v2.functional on the selected samples. The
-v2 colour-jitter kernels take one scalar factor per call, so the jitter uses the
-same formulas with a per-sample factor tensor (batched; a per-sample loop of v2
-calls cost ~30 ms per 64 RGB images). Only RGB data is jittered.
+output, so resizing only upsamples and its antialiasing has nothing to do).
+Flip and grayscale apply torchvision.transforms.v2.functional ops to the chosen
+samples. v2's colour-jitter kernels take one scalar factor per call, so the
+jitter re-states them with a per-sample factor tensor, batched (a per-sample
+loop of v2 calls cost ~30 ms per 64 RGB 32x32 images, this ~5 ms; the tests
+check both agree). Only RGB data is jittered.
 
 All randomness comes from the caller's torch.Generator, so views are reproducible
 and independent of other threads; the global RNG is never used.
@@ -33,7 +34,6 @@ import math
 import torch
 import torch.nn.functional as nnf
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2.functional._color import _hsv_to_rgb, _rgb_to_hsv
 
 _CROP_TRIES = 10  # as torchvision's RandomResizedCrop
 _RATIO = (3 / 4, 4 / 3)
@@ -54,7 +54,8 @@ class TwoViews:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if x.dim() != 4 or tuple(x.shape[1:]) != self.in_shape or not x.is_floating_point():
-            raise ValueError(f"expected a float batch of shape (B, {', '.join(map(str, self.in_shape))}), got {x.dtype} {tuple(x.shape)}")
+            shape = ", ".join(map(str, self.in_shape))
+            raise ValueError(f"expected a float batch of shape (B, {shape}), got {x.dtype} {tuple(x.shape)}")
         return self.view(x), self.view(x)
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,9 +91,14 @@ class TwoViews:
         # Box centre uniform over the positions where the box fits, in [-1, 1] grid units.
         cx = (1 - w) * (2 * self._rand(b) - 1)
         cy = (1 - h) * (2 * self._rand(b) - 1)
-        zero = torch.zeros(b)
-        theta = torch.stack([torch.stack([w, zero, cx], 1), torch.stack([zero, h, cy], 1)], 1).to(x.dtype)
-        grid = nnf.affine_grid(theta, list(x.shape), align_corners=False)
+        # The sampling grid of affine_grid for a scale-and-shift map, built by
+        # broadcasting (affine_grid's general matmul costs more than the sampling).
+        _, _, height, width = x.shape
+        u = (torch.arange(width, dtype=x.dtype) * 2 + 1) / width - 1  # pixel centres in [-1, 1]
+        v = (torch.arange(height, dtype=x.dtype) * 2 + 1) / height - 1
+        gx = (cx[:, None] + w[:, None] * u).to(x.dtype)[:, None, :].expand(b, height, width)
+        gy = (cy[:, None] + h[:, None] * v).to(x.dtype)[:, :, None].expand(b, height, width)
+        grid = torch.stack((gx, gy), -1)
         return nnf.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     def _flip(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,23 +113,27 @@ class TwoViews:
 
     def _colour_jitter(self, x: torch.Tensor) -> torch.Tensor:
         """ColorJitter(0.4, 0.4, 0.4, 0.1) with probability 0.8, per sample: own
-        factors and own random order of the four ops, applied batched per op."""
+        factors and own random order of the four ops, applied batched per op.
+        A blend with factor 1 returns its input bit for bit, so the cheap ops run
+        on the whole batch with factor 1 for the samples not due for them; hue,
+        the costly one, runs only on the samples due for it."""
         b = x.shape[0]
         apply = self._rand(b) < _P_JITTER
-        factors = 1 - _JITTER + 2 * _JITTER * self._rand(b, 3)
-        hue = _HUE * (2 * self._rand(b) - 1)
-        params = (factors[:, 0], factors[:, 1], factors[:, 2], hue)
-        order = self._rand(b, 4).argsort(1)
+        factors = (1 - _JITTER + 2 * _JITTER * self._rand(b, 3)).to(x.dtype)
+        hue = (_HUE * (2 * self._rand(b) - 1)).to(x.dtype)
+        order = self._rand(b, 4).argsort(1)  # 0-2: brightness, contrast, saturation; 3: hue
         for step in range(4):
-            for k, op in enumerate(_JITTER_OPS):
-                chosen = apply & (order[:, step] == k)
-                if chosen.any():
-                    x[chosen] = op(x[chosen], params[k][chosen].view(-1, 1, 1, 1).to(x.dtype))
+            due = torch.where(apply, order[:, step], -1)
+            for k, blend in enumerate((_brightness, _contrast, _saturation)):
+                x = blend(x, torch.where(due == k, factors[:, k], 1.0).view(-1, 1, 1, 1))
+            chosen = due == 3
+            if chosen.any():
+                x[chosen] = _hue(x[chosen], hue[chosen].view(-1, 1, 1, 1))
         return x
 
 
 # v2's colour kernels with a per-sample factor (shape (B, 1, 1, 1)) instead of a
-# scalar; same formulas, checked against v2 per sample in tests/test_augment.py.
+# scalar; same results, checked against v2 per sample in tests/test_augment.py.
 
 
 def _blend(image: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
@@ -143,11 +153,18 @@ def _saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 
 def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    # v2 keeps its batched RGB<->HSV conversions private; torchvision is pinned,
-    # and the per-sample test against F.adjust_hue catches any change.
-    h, s, v = _rgb_to_hsv(x).unbind(-3)
-    h = (h + shift.view(-1, 1, 1)).remainder_(1.0)
-    return _hsv_to_rgb(torch.stack((h, s, v), -3))
+    """v2's adjust_hue (RGB -> HSV, shift H, back) with a per-sample shift. The
+    inverse uses the closed form channel = V - C * clamp(min(k, 4 - k), 0, 1),
+    k = (n + 6H) mod 6, n = 5, 3, 1 for R, G, B: no gather, and v2's batched
+    HSV helpers are private."""
+    r, g, b = x.unbind(-3)
+    low, high = torch.minimum(torch.minimum(r, g), b), torch.maximum(torch.maximum(r, g), b)  # aminmax over C is slow
+    chroma = high - low
+    safe = torch.where(chroma == 0, 1.0, chroma)  # grey pixels: any hue, chroma 0 cancels it
+    sixths = torch.where(high == r, (g - b) / safe, torch.where(high == g, (b - r) / safe + 2, (r - g) / safe + 4))
+    sixths = sixths + 6 * shift.view(-1, 1, 1)
+    k = (sixths.unsqueeze(-3) + _HSV_OFFSETS.to(x.dtype)).remainder_(6)
+    return high.unsqueeze(-3) - chroma.unsqueeze(-3) * torch.minimum(k, 4 - k).clamp_(0, 1)
 
 
-_JITTER_OPS = (_brightness, _contrast, _saturation, _hue)
+_HSV_OFFSETS = torch.tensor([5.0, 3.0, 1.0]).view(1, 3, 1, 1)

@@ -1,0 +1,82 @@
+"""`emulate report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and a comparison table of finished runs.
+
+One run: re-renders its plots under RUN_DIR/plots and prints its row of the table.
+Several: overlays their curves (one labelled line per run) in --out (default
+report/) and writes the comparison table there as comparison.md and comparison.csv.
+A missing or corrupt run directory is reported on stderr in one line and makes
+the exit status 2; the other runs are still reported.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from emulator.errors import UsageError
+
+from .output import (Parser, fail, human_bytes, mean_std, metric_header, metric_value, rich_table,
+                     stdout_console, write_table)
+from .plots import overlay_plots, plot_run
+from .rundir import Run, RunDirError, load_run
+
+PROG = "emulate report"
+HEADERS = ["run", "protocol", "topology", "scenario", "metric", "final mean ± std", "worst 10%",
+           "total bytes", "bytes per node", "emulated time", "wall time"]
+CSV_HEADERS = ["run", "protocol", "topology", "scenario", "metric", "final_mean", "final_std", "worst10",
+               "bytes_total", "bytes_per_node", "emulated_seconds", "wall_seconds"]
+
+
+def comparison(runs: list[Run]) -> tuple[list[list[str]], list[list]]:
+    """The comparison table's rows, formatted and raw, one per run."""
+    shown, raw = [], []
+    for run in runs:
+        curves = run.curves()
+        metric = curves.metric if curves else ""
+        mean, std, worst = curves.final() if curves else (float("nan"),) * 3
+        per_node = run.total_bytes / max(1, run.num_nodes)
+        raw.append([run.name, run.protocol, run.topology, run.scenario, metric, mean, std, worst,
+                    run.total_bytes, per_node, run.emulated_seconds, run.wall_seconds])
+        shown.append([run.name, run.protocol, run.topology, run.scenario or "—", metric_header(metric),
+                      mean_std(metric, mean, std), metric_value(metric, worst), human_bytes(run.total_bytes),
+                      human_bytes(per_node), f"{run.emulated_seconds:.3f} s", f"{run.wall_seconds:.2f} s"])
+    return shown, raw
+
+
+def write_comparison(runs: list[Run], stem: Path) -> tuple[list[list[str]], list[Path]]:
+    shown, raw = comparison(runs)
+    return shown, write_table(stem, HEADERS, shown, CSV_HEADERS, raw)
+
+
+def parse(argv: list[str]):
+    parser = Parser(prog=PROG, description="Plots and a comparison table of finished runs.")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
+    parser.add_argument("--out", default="report", help="where several runs' plots and table go (default: report)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse(argv)
+    except UsageError as exc:
+        fail(PROG, str(exc))
+        return 2
+    runs = []
+    for path in args.runs:
+        try:
+            runs.append(load_run(path))
+        except RunDirError as exc:
+            fail(PROG, str(exc))
+    console = stdout_console()
+    if len(args.runs) == 1 and runs:
+        written = plot_run(runs[0].path)
+        console.print(rich_table(f"run {runs[0].name}", HEADERS, comparison(runs)[0], right_from=5))
+    elif runs:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        written = overlay_plots(runs, out)
+        shown, tables = write_comparison(runs, out / "comparison")
+        written += tables
+        console.print(rich_table(f"{len(runs)} runs", HEADERS, shown, right_from=5))
+    else:
+        written = []
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    return 0 if len(runs) == len(args.runs) else 2

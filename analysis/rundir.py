@@ -1,0 +1,228 @@
+"""Reading a run directory: its settings, summary, per-round metrics and optional streams.
+
+`load_run` checks the three files every finished run has (config.yaml,
+summary.json, metrics.jsonl) and raises RunDirError with one line naming the
+problem; the optional files (links.csv, graph.jsonl, availability.jsonl) are
+read on demand and are None when absent.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+# The metric a run is judged by: the first of these that its rows carry.
+MAIN_METRICS = ("test_acc", "error", "consensus_distance", "train_loss")
+# Columns the runner adds to every row; never a protocol's metric.
+BOOKKEEPING = {"round", "node", "t", "msgs_sent", "bytes_sent", "msgs_received", "bytes_received"}
+# Settings that say what a run was tested under, with their values that mean "nothing special".
+SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None),
+                 "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",)}
+
+
+class RunDirError(Exception):
+    """A missing, unfinished or corrupt run directory (one line for the user)."""
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise RunDirError(f"{path}: line {number} is not JSON") from None
+        if not isinstance(row, dict):
+            raise RunDirError(f"{path}: line {number} is not an object")
+        rows.append(row)
+    return rows
+
+
+def _read_summary(path: Path) -> dict:
+    file = path / "summary.json"
+    if not file.is_file():
+        raise RunDirError(f"{path}: no summary.json (not a run directory, or the run did not finish)")
+    try:
+        summary = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RunDirError(f"{file}: not valid JSON") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("final"), dict):
+        raise RunDirError(f"{file}: not a run summary (no 'final' metrics)")
+    return summary
+
+
+def is_finished(path: Path) -> bool:
+    """Whether `path` holds a finished run: a valid summary.json."""
+    try:
+        _read_summary(Path(path))
+    except (RunDirError, OSError):
+        return False
+    return True
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def higher_is_better(metric: str) -> bool:
+    return "acc" in metric
+
+
+@dataclass
+class Curves:
+    """One metric per node per round; NaN where a node logged nothing that round."""
+    metric: str
+    rounds: np.ndarray            # (R,)
+    values: np.ndarray            # (N, R)
+    times: np.ndarray             # (N, R) emulated time at which each node ended each round
+    cumulative_bytes: np.ndarray  # (R,) bytes sent by all nodes up to the end of each round
+
+    @property
+    def mean(self) -> np.ndarray:
+        return _nan_reduce(np.nanmean, self.values)
+
+    @property
+    def std(self) -> np.ndarray:
+        return _nan_reduce(np.nanstd, self.values)
+
+    @property
+    def round_end(self) -> np.ndarray:
+        """When the last node finished each round."""
+        return _nan_reduce(np.nanmax, self.times)
+
+    def final(self) -> tuple[float, float, float]:
+        """Mean, std and worst-10% mean over the nodes at the last round any node reported."""
+        reported = [c for c in range(self.values.shape[1]) if not np.all(np.isnan(self.values[:, c]))]
+        if not reported:
+            return math.nan, math.nan, math.nan
+        last = sorted(float(v) for v in self.values[:, reported[-1]] if not math.isnan(v))
+        worst = last[:max(1, len(last) // 10)] if higher_is_better(self.metric) else last[-max(1, len(last) // 10):]
+        return statistics.fmean(last), statistics.pstdev(last), statistics.fmean(worst)
+
+
+def _nan_reduce(reduce, matrix: np.ndarray) -> np.ndarray:
+    """`reduce` over nodes, NaN (not a warning) for a round nobody reported."""
+    out = np.full(matrix.shape[1], np.nan)
+    present = ~np.all(np.isnan(matrix), axis=0)
+    if present.any():
+        out[present] = reduce(matrix[:, present], axis=0)
+    return out
+
+
+class Run:
+    """A finished run directory."""
+
+    def __init__(self, path: Path):
+        path = Path(path)
+        if not path.is_dir():
+            raise RunDirError(f"{path}: no such run directory")
+        self.path = path
+        self.summary = _read_summary(path)
+        try:
+            config = yaml.safe_load((path / "config.yaml").read_text())
+        except FileNotFoundError:
+            raise RunDirError(f"{path}: no config.yaml") from None
+        except yaml.YAMLError:
+            raise RunDirError(f"{path / 'config.yaml'}: not valid YAML") from None
+        if not isinstance(config, dict):
+            raise RunDirError(f"{path / 'config.yaml'}: not a mapping of settings")
+        self.config = config
+        if not (path / "metrics.jsonl").is_file():
+            raise RunDirError(f"{path}: no metrics.jsonl")
+        self.metrics = read_jsonl(path / "metrics.jsonl")
+        if any(not isinstance(r.get("round"), int) or not isinstance(r.get("node"), int) for r in self.metrics):
+            raise RunDirError(f"{path / 'metrics.jsonl'}: a row lacks an integer round or node")
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    @property
+    def protocol(self) -> str:
+        return str(self.config.get("protocol", self.summary.get("protocol", "?")))
+
+    @property
+    def topology(self) -> str:
+        return str(self.config.get("topology", self.summary.get("topology", "?")))
+
+    @property
+    def num_nodes(self) -> int:
+        ids = [r["node"] + 1 for r in self.metrics]
+        return max([int(self.summary.get("nodes") or 0), *ids, 0])
+
+    @property
+    def scenario(self) -> str:
+        parts = [f"{key}={self.config[key]}" for key, plain in SCENARIO_KEYS.items()
+                 if key in self.config and self.config[key] not in plain]
+        return ", ".join(parts)
+
+    @cached_property
+    def main_metric(self) -> str | None:
+        """test_acc when logged, else the protocol's main metric, else its first numeric one."""
+        logged = {k for row in self.metrics for k, v in row.items() if not math.isnan(_number(v))} - BOOKKEEPING
+        for name in MAIN_METRICS:
+            if name in logged:
+                return name
+        return min(logged) if logged else None
+
+    def curves(self, metric: str | None = None) -> Curves | None:
+        metric = metric or self.main_metric
+        if metric is None or not self.metrics:
+            return None
+        rounds = sorted({r["round"] for r in self.metrics})
+        column = {rnd: c for c, rnd in enumerate(rounds)}
+        values = np.full((self.num_nodes, len(rounds)), np.nan)
+        times = np.full_like(values, np.nan)
+        sent = np.zeros(len(rounds))
+        for row in self.metrics:
+            i, c = row["node"], column[row["round"]]
+            values[i, c], times[i, c] = _number(row.get(metric)), _number(row.get("t"))
+            sent[c] += np.nan_to_num(_number(row.get("bytes_sent")))
+        return Curves(metric, np.array(rounds), values, times, np.cumsum(sent))
+
+    @cached_property
+    def links(self) -> list[dict] | None:
+        """links.csv rows with integer columns; None when absent or unreadable."""
+        file = self.path / "links.csv"
+        if not file.is_file():
+            return None
+        with open(file, newline="") as fh:
+            try:
+                return [{k: int(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+            except (TypeError, ValueError):
+                return None
+
+    def stream(self, name: str) -> list[dict] | None:
+        """Rows of `<name>.jsonl`, or None when the run has none."""
+        file = self.path / f"{name}.jsonl"
+        return read_jsonl(file) if file.is_file() else None
+
+    @property
+    def total_bytes(self) -> float:
+        return _number(self.summary.get("bytes_total"))
+
+    @property
+    def emulated_seconds(self) -> float:
+        return _number(self.summary.get("emulated_seconds"))
+
+    @property
+    def wall_seconds(self) -> float:
+        return _number(self.summary.get("wall_seconds"))
+
+
+def load_run(path: Path | str) -> Run:
+    """The run at `path`; RunDirError (one line) when it is missing, unfinished or corrupt."""
+    try:
+        return Run(Path(path))
+    except OSError as exc:
+        raise RunDirError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path}: a file is not text") from None

@@ -1,0 +1,328 @@
+"""`emulate sweep --grid FILE [--dry-run]`: run every combination of a grid of settings, then tabulate.
+
+The grid file (YAML):
+
+    base:                        # settings of every run: `emulate` flags as config keys
+      dataset: fashion-mnist
+      nodes: 20
+    grid:                        # axes: one run per combination of one entry of each
+      method:                    # an entry is a mapping of settings with an optional label ...
+        - {protocol: mapl, label: MAPL}
+        - {protocol: mapl, mapl_no_cgl: true, label: MAPL w/o CGL}
+      partition: ["mapl:scenario=1", "mapl:scenario=2"]  # ... or a value of the setting named like its axis
+      seed: [0, 1, 2]
+    out: runs/my-sweep           # default: runs/sweep-<grid file name>
+    table:                       # default: the first two axes other than seed, test_acc
+      rows: method
+      columns: partition
+      metric: test_acc           # or a list; a final metric of summary.json or a summary key (bytes_total)
+
+Settings apply in order base, then each axis's entry; true makes a bool flag
+bare (mapl_no_cgl: true -> --mapl-no-cgl), false leaves it out. Every run's
+settings are checked before the first run starts. Run i goes to
+OUT/<axis>=<label>__<axis>=<label>...; a directory that already holds a finished
+run (a valid summary.json) is skipped, so an interrupted sweep resumes where it
+stopped. At the end OUT/table_<metric>.md and .csv hold "rows x columns: mean ±
+std" over the remaining axes (the seeds: sample std), and OUT/runs.md and .csv
+the per-run comparison of `emulate report`.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import shlex
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from emulator.errors import UsageError
+
+from .output import Parser, fail, mean_std, metric_header, rich_table, stdout_console, write_table
+from .report import write_comparison
+from .rundir import Run, RunDirError, is_finished, load_run
+
+PROG = "emulate sweep"
+SECTIONS = {"base", "grid", "out", "table"}
+SET_BY_SWEEP = {"out", "quiet", "config"}
+
+
+class GridError(Exception):
+    """A bad grid file (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One value of an axis: the settings it applies and the label it shows in names and tables."""
+    label: str
+    settings: dict
+
+
+@dataclass
+class Grid:
+    base: dict
+    axes: dict[str, list[Entry]]
+    out: Path
+    rows: str
+    columns: str | None
+    metrics: list[str]
+
+
+@dataclass
+class Point:
+    """One run of the sweep: an entry of every axis."""
+    labels: dict[str, str]
+    settings: dict
+
+    @property
+    def name(self) -> str:
+        return "__".join(f"{axis}={slug(label)}" for axis, label in self.labels.items())
+
+    def argv(self, run_dir: Path) -> list[str]:
+        return flags(self.settings) + ["--out", str(run_dir), "--quiet"]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "-"
+
+
+def flags(settings: dict) -> list[str]:
+    """Settings as `emulate` flags: true -> a bare flag, false or null -> nothing."""
+    argv = []
+    for key, value in settings.items():
+        if value is False or value is None:
+            continue
+        argv.append("--" + key.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def _settings(mapping, where: str) -> dict:
+    if not isinstance(mapping, dict):
+        raise GridError(f"{where}: expected a mapping of settings")
+    settings = {}
+    for key, value in mapping.items():
+        name = str(key).replace("-", "_")
+        if name in SET_BY_SWEEP:
+            raise GridError(f"{where}: {key!r} is set by the sweep itself")
+        if isinstance(value, (list, dict)):
+            raise GridError(f"{where}: {key}: expected a single value, got {type(value).__name__}")
+        settings[name] = value
+    return settings
+
+
+def _entry(axis: str, value, where: str) -> Entry:
+    if isinstance(value, dict):
+        value = dict(value)
+        label = value.pop("label", None)
+        settings = _settings(value, where)
+        if not settings:
+            raise GridError(f"{where}: an entry must set something")
+        return Entry(str(label) if label is not None else ",".join(f"{k}={v}" for k, v in settings.items()),
+                     settings)
+    return Entry(str(value), _settings({axis: value}, where))
+
+
+def _table(spec, axes: dict[str, list[Entry]], where: str) -> tuple[str, str | None, list[str]]:
+    if not isinstance(spec, dict) or set(spec) - {"rows", "columns", "metric"}:
+        raise GridError(f"{where}: table: expected a mapping of rows, columns and metric")
+    plain = [axis for axis in axes if axis != "seed"] or list(axes)
+    rows = spec.get("rows", plain[0])
+    columns = spec.get("columns", next((a for a in plain if a != rows), None))
+    for role, axis in (("rows", rows), ("columns", columns)):
+        if axis is not None and axis not in axes:
+            raise GridError(f"{where}: table: {role} {axis!r} is not an axis of the grid ({', '.join(axes)})")
+    if rows == columns:
+        raise GridError(f"{where}: table: rows and columns must be different axes")
+    metric = spec.get("metric", "test_acc")
+    metrics = metric if isinstance(metric, list) else [metric]
+    if not metrics or not all(isinstance(m, str) and m for m in metrics):
+        raise GridError(f"{where}: table: metric must be a name or a list of names")
+    return rows, columns, metrics
+
+
+def load_grid(path: Path) -> Grid:
+    """Parse and check a grid file; GridError (one line) on anything wrong with it."""
+    path = Path(path)
+    where = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise GridError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GridError(f"{where}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise GridError(f"{where}: not valid YAML: {str(exc).strip().splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise GridError(f"{where}: expected a mapping with base, grid, out and table")
+    unknown = set(data) - SECTIONS
+    if unknown:
+        raise GridError(f"{where}: unknown section {sorted(map(str, unknown))[0]!r} "
+                        f"(expected {', '.join(sorted(SECTIONS))})")
+    base = _settings(data.get("base") or {}, f"{where}: base")
+    grid = data.get("grid")
+    if not isinstance(grid, dict) or not grid:
+        raise GridError(f"{where}: grid: expected a mapping of axes, each a list of entries")
+    axes = {}
+    for axis, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise GridError(f"{where}: grid: {axis}: expected a non-empty list of entries")
+        axes[str(axis)] = [_entry(str(axis), v, f"{where}: grid: {axis}") for v in values]
+    out = data.get("out") or f"runs/sweep-{path.stem}"
+    if not isinstance(out, str):
+        raise GridError(f"{where}: out: expected a directory path")
+    return Grid(base, axes, Path(out), *_table(data.get("table") or {}, axes, where))
+
+
+def points(grid: Grid) -> list[Point]:
+    """Every combination of one entry per axis, the first axis varying slowest."""
+    runs = []
+    for combination in itertools.product(*grid.axes.values()):
+        settings = dict(grid.base)
+        for entry in combination:
+            settings.update(entry.settings)
+        runs.append(Point({axis: e.label for axis, e in zip(grid.axes, combination)}, settings))
+    names = [p.name for p in runs]
+    clash = next((n for n in names if names.count(n) > 1), None)
+    if clash:
+        raise GridError(f"two runs would share the directory {clash}: give their entries distinct labels")
+    return runs
+
+
+def check_settings(grid: Grid, runs: list[Point]) -> None:
+    """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after."""
+    from emulator.cli import resolve
+    from emulator.protocol import protocols
+    from emulator.units import UnitError
+
+    registry = protocols()
+    for point in runs:
+        try:
+            resolve(point.argv(grid.out / point.name), registry)
+        except (UsageError, UnitError) as exc:
+            raise GridError(f"run {point.name}: {exc}") from None
+
+
+def run_emulation(argv: list[str]) -> int:
+    """One `emulate` run, in this process."""
+    from emulator.cli import main
+
+    return main(argv)
+
+
+def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
+    """Run every point whose directory holds no finished run; the names of those that failed."""
+    todo = [p for p in runs if not is_finished(grid.out / p.name)]
+    failed = []
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[run]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("sweep", total=len(runs), completed=len(runs) - len(todo), run="")
+        for point in todo:
+            progress.update(task, run=point.name)
+            try:
+                status = run_emulation(point.argv(grid.out / point.name))
+            except Exception as exc:  # noqa: BLE001 - one crashed run must not lose the rest of the sweep
+                status = f"{type(exc).__name__}: {exc}"
+            if status == 130:
+                raise KeyboardInterrupt
+            if status != 0:
+                failed.append(point.name)
+                progress.console.print(f"[red]run {point.name} failed ({status})", highlight=False)
+            progress.advance(task)
+    return failed
+
+
+def _value(run: Run, metric: str) -> float:
+    value = run.summary["final"].get(metric, run.summary.get(metric))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def paper_table(grid: Grid, runs: list[Point], finished: dict[str, Run], metric: str):
+    """rows x columns of `metric`: mean ± std over the runs of each cell; formatted and raw rows."""
+    row_labels = [e.label for e in grid.axes[grid.rows]]
+    column_labels = [e.label for e in grid.axes[grid.columns]] if grid.columns else [metric_header(metric)]
+    cells: dict[tuple[str, str], list[float]] = {}
+    for point in runs:
+        run = finished.get(point.name)
+        value = math.nan if run is None else _value(run, metric)
+        if not math.isnan(value):
+            column = point.labels[grid.columns] if grid.columns else column_labels[0]
+            cells.setdefault((point.labels[grid.rows], column), []).append(value)
+    shown, raw = [], []
+    for row in row_labels:
+        shown_row, raw_row = [row], [row]
+        for column in column_labels:
+            values = cells.get((row, column), [])
+            mean = statistics.fmean(values) if values else math.nan
+            std = statistics.stdev(values) if len(values) > 1 else None
+            shown_row.append(mean_std(metric, mean, std))
+            raw_row += [mean, math.nan if std is None else std, len(values)]
+        shown.append(shown_row)
+        raw.append(raw_row)
+    headers = [grid.rows, *column_labels]
+    csv_headers = [grid.rows, *(f"{c} {part}" for c in column_labels for part in ("mean", "std", "runs"))]
+    return headers, shown, csv_headers, raw
+
+
+def tabulate(grid: Grid, runs: list[Point], console: Console) -> list[Path]:
+    finished = {}
+    for point in runs:
+        if is_finished(grid.out / point.name):
+            try:
+                finished[point.name] = load_run(grid.out / point.name)
+            except RunDirError as exc:
+                fail(PROG, str(exc))
+    written = []
+    spread = [axis for axis in grid.axes if axis not in (grid.rows, grid.columns)]
+    for metric in grid.metrics:
+        headers, shown, csv_headers, raw = paper_table(grid, runs, finished, metric)
+        written += write_table(grid.out / f"table_{metric}", headers, shown, csv_headers, raw)
+        over = f"mean ± std over {', '.join(spread)}" if spread else "one run per cell"
+        console.print(rich_table(f"{metric_header(metric)}: {grid.rows} × {grid.columns or 'all'} ({over})",
+                                 headers, shown))
+    if finished:
+        written += write_comparison(list(finished.values()), grid.out / "runs")[1]
+    return written
+
+
+def parse(argv: list[str]):
+    parser = Parser(prog=PROG, description="Run the cross product of a grid of settings, then tabulate.")
+    parser.add_argument("--grid", required=True, help="YAML grid file (see analysis/sweep.py)")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; run nothing")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = parse(argv)
+        grid = load_grid(Path(args.grid))
+        runs = points(grid)
+        check_settings(grid, runs)
+    except (UsageError, GridError) as exc:
+        fail(PROG, str(exc))
+        return 2
+    console = stdout_console()
+    if args.dry_run:
+        for point in runs:
+            state = "done" if is_finished(grid.out / point.name) else "todo"
+            print(f"{state}  emulate {shlex.join(point.argv(grid.out / point.name))}")
+        return 0
+    grid.out.mkdir(parents=True, exist_ok=True)
+    (grid.out / "grid.yaml").write_text(Path(args.grid).read_text())
+    try:
+        failed = run_all(grid, runs, Console(stderr=True))
+    except KeyboardInterrupt:
+        fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
+        return 130
+    for path in tabulate(grid, runs, console):
+        console.print(f"wrote {path}", highlight=False)
+    if failed:
+        fail(PROG, f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+        return 1
+    return 0

@@ -1,0 +1,129 @@
+"""Meta-L2C (Li, Zhou, Tian, Tao; 2022, section 3.3): mixing weights from an encoder of the models.
+
+The round of L2C (protocols/l2c.py), with the logits alpha_i replaced by an
+attention over encoded models:
+  w_ij = softmax_j <E(dtheta_i), E(dtheta_j)>,   dtheta_j = theta_j^{t+1/2} - theta^0,
+so node j also sends dtheta_j (its change since the common start; only the
+tensors E reads). E concatenates, over the model's weight tensors (conv and
+linear; one "layer" each), a two-layer MLP E_l (widths 10 and 5) applied to
+every filter (row) of that tensor (eq. 7-8). Node i's Adam step trains its copy
+of E down the hypergradient of its validation loss, through both E(dtheta_i)
+and E(dtheta_j).
+
+E_l has no biases, so an unchanged model encodes to 0 and a score measures only
+how alike two changes are. With biases every node's scores share a term
+E(0) . E(dtheta_j) that makes the same few neighbours look best to everyone:
+seed 2 of the 15-node, five-task run found the same-task peers of 3 nodes of 15
+after 10 rounds with biases, of all 15 without.
+
+The paper AllReduces E every round; here the nodes gossip instead: after its
+step each node sends E's parameters to all its neighbours in the topology (also
+the pruned ones: the mixing rule needs symmetric links) and sets
+E_i <- E_i + sum_j w_ij (E_j - E_i) with Metropolis-Hastings weights
+w_ij = 1/(1 + max(deg_i, deg_j)). That matrix is doubly stochastic, so the
+copies converge to the average over all nodes (on a full mesh they reach it in
+one round). All copies start equal, seeded by the run's seed. The encoder and
+dtheta messages are on the byte ledger like any other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from emulator.errors import UsageError
+from emulator.protocol import register
+from workloads.training import difference, float_state, mix
+
+from .dfedavgm import neighbour_weight
+from .l2c import L2C, SKIP, L2COptions
+
+
+@dataclass
+class MetaL2COptions(L2COptions):
+    encoder: str = field(default="10,5", metadata={"help": "meta-L2C: output widths of each layer's encoder MLP"})
+
+    def validate(self):
+        super().validate()
+        encoder_widths(self.encoder)
+
+
+def encoder_widths(spec: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(w) for w in spec.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise UsageError(f"--encoder {spec!r}: expected positive widths such as 10,5")
+    return widths
+
+
+def _linear(n_in: int, n_out: int, generator: torch.Generator) -> nn.Linear:
+    """A bias-free nn.Linear with PyTorch's U(-1/sqrt(n_in), 1/sqrt(n_in)) init drawn from `generator`."""
+    layer = nn.utils.skip_init(nn.Linear, n_in, n_out, bias=False)
+    for p in layer.parameters():
+        nn.init.uniform_(p, -n_in ** -0.5, n_in ** -0.5, generator=generator)
+    return layer
+
+
+class Encoder(nn.Module):
+    """E(theta) = [phi_1, ..., phi_L], phi_l = [E_l(filter) for each filter of weight tensor l]."""
+
+    def __init__(self, shapes: dict[str, torch.Size], widths: tuple[int, ...], generator: torch.Generator):
+        super().__init__()
+        self.names = list(shapes)
+        layers = []
+        for shape in shapes.values():
+            sizes = (shape[1:].numel(), *widths)
+            mlp = []
+            for n_in, n_out in zip(sizes, sizes[1:]):
+                mlp += [_linear(n_in, n_out, generator), nn.ReLU()]
+            layers.append(nn.Sequential(*mlp[:-1]))
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, drift: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([E_l(drift[name].flatten(1)).flatten() for name, E_l in zip(self.names, self.layers)])
+
+
+def encoded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors the encoder reads: weights with filters (conv and linear), not biases or norms."""
+    return {name: value for name, value in state.items() if value.dim() >= 2}
+
+
+class Attention:
+    """Meta-L2C's mixer: w_ij = softmax_j <E(dtheta_i), E(dtheta_j)>, E trained by Adam."""
+
+    def __init__(self, me: int, encoder: Encoder, lr: float, weight_decay: float):
+        self.me, self.encoder = me, encoder
+        self.optimizer = torch.optim.Adam(encoder.parameters(), lr=lr, weight_decay=weight_decay)
+
+    def weights(self, bodies: dict[int, dict]) -> torch.Tensor:
+        codes = {j: self.encoder(body["drift"]) for j, body in bodies.items()}
+        return torch.softmax(torch.stack([codes[self.me] @ codes[j] for j in bodies]), 0)
+
+
+@register("meta-l2c")
+class MetaL2C(L2C):
+    """Meta-L2C: L2C with weights from a gossip-averaged encoder of each model's change since the start."""
+    Options = MetaL2COptions
+
+    def mixer(self, node, model):
+        o = self.options
+        generator = torch.Generator().manual_seed(self.env.seed)  # the same E on every node
+        shapes = {name: value.shape for name, value in encoded(float_state(model, SKIP)).items()}
+        return Attention(node.id, Encoder(shapes, encoder_widths(o.encoder), generator),
+                         o.alpha_lr, o.alpha_weight_decay)
+
+    def message(self, start: dict, model, origin: dict) -> dict:
+        """Delta_i and dtheta_i = theta_i^{t+1/2} - theta^0."""
+        now = float_state(model, SKIP)
+        return {"update": difference(start, now), "drift": difference(encoded(now), origin)}
+
+    async def share(self, node, mixer) -> None:
+        """One gossip step towards the average encoder (Metropolis-Hastings weights)."""
+        degree = len(node.neighbours)
+        node.broadcast("encoder", {"state": float_state(mixer.encoder), "degree": degree})
+        heard = await node.gather("encoder", timeout=self.options.timeout)
+        weights = [(neighbour_weight("mh", degree, m.body["degree"]), m.body["state"]) for m in heard.values()]
+        mix(mixer.encoder, 1.0 - sum(w for w, _ in weights), weights)

@@ -1,0 +1,211 @@
+"""Plots of a run, `emulate report` and `emulate sweep` on small real runs."""
+import csv
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from analysis import report, sweep
+from analysis.plots import plot_run, snapshot_rounds
+from emulator.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+DFEDAVGM = ["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--dataset", "digits",
+            "--local-steps", "2", "--quiet"]
+GOSSIP = ["--protocol", "gossip", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--quiet", "--no-plots"]
+
+
+def _is_png(path):
+    return path.is_file() and path.stat().st_size > len(PNG_SIGNATURE) and path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def _csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    assert main([*DFEDAVGM, "--out", str(tmp / "dfedavgm")]) == 0  # with its end-of-run plots
+    assert main([*GOSSIP, "--out", str(tmp / "gossip")]) == 0
+    return tmp
+
+
+def test_a_run_ends_with_every_applicable_plot(runs):
+    plots = runs / "dfedavgm" / "plots"
+    expected = {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png",
+                "link_bytes_matrix.png", "link_bytes_topology.png"}
+    assert {p.name for p in plots.iterdir()} == expected  # no graph.jsonl, no availability.jsonl: no such plots
+    assert all(_is_png(plots / name) for name in expected)
+
+
+def test_a_run_without_accuracy_plots_its_main_metric(runs):
+    written = plot_run(runs / "gossip")
+    assert {p.name for p in written} >= {"error_vs_round.png", "error_vs_time.png", "error_vs_bytes.png"}
+    assert all(_is_png(p) for p in written)
+
+
+def _graph_rows(num_nodes, rounds):
+    """Uniform W in round 0 (warm-up), then each node favours its successor more every round."""
+    rows = []
+    for rnd in range(rounds):
+        for i in range(num_nodes):
+            favour = 0.0 if rnd == 0 else 0.1 * rnd
+            weights = {str(j): 1 / num_nodes for j in range(num_nodes)}
+            weights[str((i + 1) % num_nodes)] += favour
+            weights[str(i)] -= favour
+            rows.append({"round": rnd, "node": i, "weights": weights})
+    return rows
+
+
+def test_learned_graph_and_availability_plots(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "dfedavgm", run)
+    shutil.rmtree(run / "plots")
+    (run / "graph.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _graph_rows(4, 5)))
+    (run / "availability.jsonl").write_text(json.dumps({"node": 1, "t_down": 0.1, "t_up": 0.3}) + "\n"
+                                            + json.dumps({"node": 2, "t_down": 0.2, "t_up": None}) + "\n")
+    written = {p.name for p in plot_run(run)}
+    assert {"learned_graph.png", "availability.png", "test_acc_vs_round.png"} <= written
+    assert _is_png(run / "plots" / "learned_graph.png") and _is_png(run / "plots" / "availability.png")
+
+
+def test_learned_graph_shows_first_round_after_warm_up_middle_and_last():
+    uniform = np.full((3, 3), 1 / 3)
+    learned = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    matrices = {0: uniform, 1: uniform, 2: learned, 3: learned, 4: learned, 5: learned, 6: learned}
+    assert snapshot_rounds(matrices) == [2, 4, 6]
+    assert snapshot_rounds({0: uniform, 1: uniform}) == [0, 1]  # never learned: from the first round
+
+
+def test_missing_or_broken_optional_files_skip_only_their_plots(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "dfedavgm", run)
+    shutil.rmtree(run / "plots")
+    (run / "links.csv").unlink()
+    (run / "graph.jsonl").write_text("{not json\n")
+    with pytest.warns(UserWarning, match="graph.jsonl"):
+        written = {p.name for p in plot_run(run)}
+    assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png"}
+
+
+def test_report_on_two_runs_overlays_them_and_writes_the_table(runs, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(runs / "dfedavgm"), str(runs / "gossip"), "--out", str(out)]) == 0
+    rows = _csv(out / "comparison.csv")
+    assert [r["run"] for r in rows] == ["dfedavgm", "gossip"]
+    assert [r["protocol"] for r in rows] == ["dfedavgm", "gossip"]
+    for row in rows:
+        summary = json.loads((runs / row["run"] / "summary.json").read_text())
+        assert float(row["bytes_total"]) == summary["bytes_total"]
+        assert float(row["bytes_per_node"]) == summary["bytes_total"] / 4
+    assert float(rows[0]["final_mean"]) == pytest.approx(
+        json.loads((runs / "dfedavgm" / "summary.json").read_text())["final"]["test_acc"])
+    assert rows[1]["metric"] == "error"
+    markdown = (out / "comparison.md").read_text()
+    assert "| dfedavgm |" in markdown and "| gossip |" in markdown
+    assert _is_png(out / "test_acc_vs_round.png") and _is_png(out / "error_vs_bytes.png")
+    assert "dfedavgm" in capsys.readouterr().out
+
+
+def test_report_names_each_bad_run_in_one_line_and_reports_the_rest(runs, tmp_path, capsys):
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(runs / "gossip", corrupt)
+    (corrupt / "summary.json").write_text("{truncated")
+    out = tmp_path / "report"
+    status = main(["report", str(runs / "gossip"), str(tmp_path / "missing"), str(corrupt),
+                   str(runs / "dfedavgm"), "--out", str(out)])
+    assert status == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2
+    assert "missing" in errors[0] and "corrupt" in errors[1]
+    assert all(line.startswith("emulate report: error: ") for line in errors)
+    assert [r["run"] for r in _csv(out / "comparison.csv")] == ["gossip", "dfedavgm"]
+
+
+GRID = {
+    "base": {"protocol": "gossip", "topology": "ring", "nodes": 4, "rounds": 2, "no_plots": True},
+    "grid": {
+        "method": [{"mixing": "mh", "label": "Metropolis-Hastings"},
+                   {"mixing": "uniform", "trace": True, "label": "uniform w/ trace"}],
+        "seed": [0, 1],
+    },
+    "table": {"rows": "method", "metric": ["error", "bytes_total"]},
+}
+
+
+def test_sweep_runs_what_is_not_finished_and_tabulates_over_seeds(tmp_path, monkeypatch):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump({**GRID, "out": str(tmp_path / "sweep")}))
+    done = tmp_path / "sweep" / "method=Metropolis-Hastings__seed=1"
+    assert main([*GOSSIP, "--mixing", "mh", "--seed", "1", "--out", str(done)]) == 0
+    finished_at = (done / "summary.json").stat().st_mtime_ns
+    calls = []
+
+    def counting(argv):
+        calls.append(argv)
+        return main(argv)
+
+    monkeypatch.setattr(sweep, "run_emulation", counting)
+    assert main(["sweep", "--grid", str(grid_file)]) == 0
+    assert len(calls) == 3
+    assert (done / "summary.json").stat().st_mtime_ns == finished_at
+    names = ["method=Metropolis-Hastings__seed=0", "method=uniform-w-trace__seed=0", "method=uniform-w-trace__seed=1"]
+    assert sorted(argv[argv.index("--out") + 1].rsplit("/", 1)[1] for argv in calls) == names
+    traced = tmp_path / "sweep" / "method=uniform-w-trace__seed=0"
+    assert (traced / "messages.jsonl").is_file()  # `trace: true` became the bare flag --trace
+    assert yaml.safe_load((traced / "config.yaml").read_text())["mixing"] == "uniform"
+
+    table = {row["method"]: row for row in _csv(tmp_path / "sweep" / "table_error.csv")}
+    assert list(table) == ["Metropolis-Hastings", "uniform w/ trace"]
+    errors = [json.loads((tmp_path / "sweep" / f"method=uniform-w-trace__seed={s}" / "summary.json")
+                         .read_text())["final"]["error"] for s in (0, 1)]
+    row = table["uniform w/ trace"]
+    assert float(row["error mean"]) == pytest.approx(statistics.fmean(errors))
+    assert float(row["error std"]) == pytest.approx(statistics.stdev(errors))
+    assert row["error runs"] == "2"
+    assert "± " in (tmp_path / "sweep" / "table_error.md").read_text()
+    assert (tmp_path / "sweep" / "table_bytes_total.md").is_file()
+    assert len(_csv(tmp_path / "sweep" / "runs.csv")) == 4
+
+    calls.clear()
+    assert main(["sweep", "--grid", str(grid_file)]) == 0  # everything finished: a rerun only tabulates
+    assert calls == []
+
+
+def test_bool_settings_become_bare_flags():
+    assert sweep.flags({"protocol": "mapl", "mapl_no_cgl": True, "trace": False, "seed": 0}) == \
+        ["--protocol", "mapl", "--mapl-no-cgl", "--seed", "0"]
+
+
+BAD_GRIDS = [
+    ("grid: [unclosed\n", "not valid YAML"),
+    ("base: {protocol: gossip}\n", "grid"),
+    ("grid: {seed: []}\n", "seed"),
+    ("base: {protocol: gossip, rouns: 2}\ngrid: {seed: [0]}\n", "--rouns"),
+    ("base: {protocol: gossip}\ngrid: {seed: [0]}\ntable: {rows: method}\n", "method"),
+    ("base: {protocol: gossip, out: x}\ngrid: {seed: [0]}\n", "out"),
+    ("grid: {seed: [0]}\nextra: 1\n", "extra"),
+]
+
+
+@pytest.mark.parametrize("text,named", BAD_GRIDS)
+def test_a_bad_grid_file_exits_2_with_one_line(text, named, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(text)
+    assert main(["sweep", "--grid", "grid.yaml"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("emulate sweep: error: ") and named in lines[0], lines
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ready_made_experiments_are_valid_grids():
+    grids = sorted(Path(__file__).parent.parent.joinpath("experiments").glob("*.yaml"))
+    assert grids
+    for grid in grids:
+        assert main(["sweep", "--grid", str(grid), "--dry-run"]) == 0, grid
