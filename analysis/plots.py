@@ -103,7 +103,7 @@ def _link_bytes(run: Run) -> tuple[int, dict[tuple[int, int], int]]:
 
 
 def _tick_nodes(ax, n: int) -> None:
-    if n <= 24:
+    if n <= 16:
         ax.set_xticks(range(n))
         ax.set_yticks(range(n))
     else:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from . import config as cfg
+from . import wire
 from .errors import UsageError
 from .protocol import protocols
 from .units import UnitError
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:12s} {(cls.__doc__ or '').strip().splitlines()[0]}")
             return 0
         run, options = resolve(argv, registry)
+        wire.keep_large_frames_in_the_heap()
         from .session import execute
 
         execute(run, options, registry[run.protocol], Path(run.out) if run.out else default_out_dir(run))

@@ -38,7 +38,7 @@ from .dfedavgm import DFedAvgMOptions
 SKIP = ("projection.",)  # MAPL's projection head: L2C never trains, mixes or sends it
 
 
-def _like(options: type, name: str, default) -> field:
+def _like(options: type, name: str, default):
     """Another protocol's option with the same help text and a different default."""
     return field(default=default, metadata={f.name: f for f in fields(options)}[name].metadata)
 
@@ -110,6 +110,12 @@ def backpropagate(mixer, model, start: dict, bodies: dict[int, dict], val_x, val
                                        weights.detach(), val_x, val_y)
     (weights * dloss_dw).sum().backward()
     return weights.detach(), val_loss
+
+
+def same_task_on_top(node: int, weights: dict[int, float], peers: set[int]) -> bool:
+    """Are the len(peers) largest weights of `node` on others exactly those of its same-task peers?"""
+    ranked = sorted((j for j in weights if j != node), key=lambda j: -weights[j])
+    return set(ranked[:len(peers)]) == peers
 
 
 class MixingLogits:
@@ -209,8 +215,7 @@ class L2C(LearningProtocol):
         for i, weights in sorted(self.final_weights.items()):
             peers = {j for j in self.neighbourhoods[i] if clusters[j] == clusters[i]}
             if peers:
-                ranked = sorted((j for j in weights if j != i), key=lambda j: -weights[j])
-                identified[str(i)] = set(ranked[:len(peers)]) == peers
+                identified[str(i)] = same_task_on_top(i, weights, peers)
         if not identified:
             return {}
         return {"same_task_on_top": identified, "task_identification": statistics.fmean(identified.values())}
