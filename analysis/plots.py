@@ -171,20 +171,17 @@ def weight_matrices(rows: list[dict], n: int) -> dict[int, np.ndarray]:
     return dict(sorted(matrices.items()))
 
 
-def _uniform(w: np.ndarray) -> bool:
-    """Every node spreads its weight evenly over the nodes it mixes with."""
-    for row in w:
-        mixed = row[row > 0]
-        if mixed.size and mixed.max() - mixed.min() > 1e-6:
-            return False
-    return True
+def _even(weights: dict) -> bool:
+    """A node spreads its weight evenly over the nodes it records a weight for."""
+    values = list(weights.values())
+    return not values or max(values) - min(values) <= 1e-6
 
 
-def snapshot_rounds(matrices: dict[int, np.ndarray]) -> list[int]:
-    """The first round after warm-up (W no longer uniform; else the first round), the middle and the last."""
-    rounds = list(matrices)
-    learned = next((r for r in rounds if not _uniform(matrices[r])), rounds[0])
-    later = rounds[rounds.index(learned):]
+def snapshot_rounds(rows: list[dict]) -> list[int]:
+    """The first round after warm-up (some node's weights uneven; else the first round), the middle and the last."""
+    rounds = sorted({int(row["round"]) for row in rows})
+    learned = min((int(row["round"]) for row in rows if not _even(row["weights"])), default=rounds[0])
+    later = [r for r in rounds if r >= learned]
     return sorted({learned, later[len(later) // 2], later[-1]})
 
 
@@ -195,7 +192,7 @@ def learned_graph_plot(run: Run, plots: Path) -> list[Path]:
     n = max([run.num_nodes, *(int(r["node"]) + 1 for r in rows),
              *(int(j) + 1 for r in rows for j in r["weights"])])
     matrices = weight_matrices(rows, n)
-    shown = snapshot_rounds(matrices)
+    shown = snapshot_rounds(rows)
     top = max(float(matrices[r].max()) for r in shown) or 1.0
     fig = _figure(4.2 * len(shown) + 0.8, 4.2)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]

@@ -37,7 +37,6 @@ class RunConfig:
     compute_factor: float = 1.0
     compute_speed: str = "constant"
     device: str = "cpu"
-    executor: str = "thread"
     workers: int = 0
     out: str = ""
     trace: bool = False
@@ -66,7 +65,6 @@ HELP = {
     "compute_speed": "per-node slowdown: constant, uniform:low=1,high=3, lognormal:sigma=0.5, or "
                      "stragglers:fraction=0.1,slowdown=5",
     "device": "cpu or cuda (cuda: one GPU worker)",
-    "executor": "thread (a local pool) or ray (a Ray cluster)",
     "workers": "executor threads (0: one per CPU core)",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>)",
     "trace": "write messages.jsonl with one row per message",
@@ -77,7 +75,6 @@ HELP = {
 CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
-EXECUTORS = ("thread", "ray")
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 
 
@@ -101,7 +98,6 @@ def validate(config: RunConfig) -> None:
     _choice(config.clock, CLOCKS, "clock")
     _choice(config.compute_time, COMPUTE_TIMES, "compute-time")
     _choice(config.device, DEVICES, "device")
-    _choice(config.executor, EXECUTORS, "executor")
     _choice(config.compress, COMPRESSIONS, "compress")
     if config.workers < 0:
         raise ConfigError(f"--workers {config.workers}: must not be negative")

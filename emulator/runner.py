@@ -129,10 +129,6 @@ class Emulation:
 
 
 def make_executor(config: cfg.RunConfig) -> concurrent.futures.Executor:
-    if config.executor == "ray":
-        from .ray_executor import RayExecutor
-
-        return RayExecutor()
     return concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")
 
 

@@ -5,7 +5,6 @@ import shutil
 import statistics
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
@@ -76,11 +75,15 @@ def test_learned_graph_and_availability_plots(runs, tmp_path):
 
 
 def test_learned_graph_shows_first_round_after_warm_up_middle_and_last():
-    uniform = np.full((3, 3), 1 / 3)
-    learned = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
-    matrices = {0: uniform, 1: uniform, 2: learned, 3: learned, 4: learned, 5: learned, 6: learned}
-    assert snapshot_rounds(matrices) == [2, 4, 6]
-    assert snapshot_rounds({0: uniform, 1: uniform}) == [0, 1]  # never learned: from the first round
+    def rows(rnd, weights):
+        return [{"round": rnd, "node": i, "weights": {str(j): w for j, w in enumerate(row)}}
+                for i, row in enumerate(weights)]
+
+    uniform = [[1 / 3] * 3] * 3
+    learned = [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]  # zero weights are recorded: uneven
+    history = rows(0, uniform) + rows(1, uniform) + [r for rnd in range(2, 7) for r in rows(rnd, learned)]
+    assert snapshot_rounds(history) == [2, 4, 6]
+    assert snapshot_rounds(rows(0, uniform) + rows(1, uniform)) == [0, 1]  # never learned: from the first round
 
 
 def test_missing_or_broken_optional_files_skip_only_their_plots(runs, tmp_path):

@@ -56,6 +56,9 @@ class Workload:
         self.options, self.env = options, env
         # Several nodes train at once on the executor's threads: don't oversubscribe the cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers or os.cpu_count() or 1)))
+        if env.device == "cuda" and not torch.cuda.is_available():
+            raise WorkloadError("--device cuda: no CUDA device is available")
+        self.device = torch.device(env.device)
         try:
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
@@ -84,7 +87,7 @@ class Workload:
         try:
             return build_model(name or o.model, self.dataset.shape, self.num_classes, node=node,
                                num_nodes=self.env.num_nodes, d_z=o.d_z, d_p=o.d_p, hidden=o.hidden,
-                               norm=o.norm, assign=o.model_assign, seed=self.env.seed)
+                               norm=o.norm, assign=o.model_assign, seed=self.env.seed).to(self.device)
         except ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
@@ -93,7 +96,7 @@ class Workload:
 
         def take(x, y, idx):
             idx = torch.as_tensor(idx, dtype=torch.long)
-            return normalise(x[idx], ds), y[idx]
+            return normalise(x[idx], ds).to(self.device), y[idx].to(self.device)
 
         return NodeTensors(*take(ds.train_x, ds.train_y, part.train), *take(ds.train_x, ds.train_y, part.val),
                            *take(ds.test_x, ds.test_y, part.test), part.cluster, part.classes)

@@ -67,7 +67,7 @@ def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, d
         value = state[name]
         mixed = value * self_weight
         for weight, other in others:
-            mixed.add_(other[name].to(value.dtype), alpha=weight)
+            mixed.add_(other[name].to(value.device, value.dtype), alpha=weight)
         value.copy_(mixed)
 
 
