@@ -20,6 +20,7 @@ from pathlib import Path
 
 import networkx as nx
 import numpy as np
+from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
@@ -87,7 +88,8 @@ def metric_plots(run: Run, plots: Path) -> list[Path]:
     for axis in _usable_axes(curves):
         fig = _figure()
         ax = fig.add_subplot()
-        ax.plot(_node_x(curves, axis), curves.values.T, color="grey", alpha=0.25, linewidth=0.7)
+        nodes = np.stack([_node_x(curves, axis).T, curves.values], axis=-1)  # (N, R, 2): one line per node
+        ax.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7), autolim=True)
         _band(ax, _mean_x(curves, axis), curves, color="C0", linewidth=2, label="mean ± std over nodes")
         _label_axes(ax, axis, curves.metric)
         ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
@@ -113,7 +115,7 @@ def _tick_nodes(ax, n: int) -> None:
 
 def link_plots(run: Run, plots: Path) -> list[Path]:
     n, sent = _link_bytes(run)
-    if not sent:
+    if not any(sent.values()):  # no links.csv, or nothing sent (local training)
         return []
     matrix = np.ma.masked_all((n, n))
     for (src, dst), size in sent.items():
@@ -131,8 +133,9 @@ def link_plots(run: Run, plots: Path) -> list[Path]:
 
 
 def _layout(graph: nx.Graph) -> dict:
-    # Dense graphs read best on a circle; sparse ones (rings, tori) as the spring layout unfolds them.
-    if graph.number_of_nodes() < 3 or nx.density(graph) > 0.3:
+    # Dense graphs read best on a circle; sparse ones (rings, tori) as the spring layout unfolds them
+    # (too slow beyond a few hundred nodes, where no layout is legible anyway).
+    if not 3 <= graph.number_of_nodes() <= 200 or nx.density(graph) > 0.3:
         return nx.circular_layout(graph)
     return nx.spring_layout(graph, seed=0)
 

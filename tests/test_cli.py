@@ -136,3 +136,41 @@ def test_list_protocols(capsys):
     listed = capsys.readouterr().out
     for name in ("gossip", "dfedavgm", "dpsgd", "local"):
         assert name in listed
+
+
+LEARNING_BAD_INPUT = [
+    (["--dataset", "fashion-mnist", "--data-root", "{tmp}/empty"], "{tmp}/empty"),
+    (["--dataset", "cifar10", "--data-root", "{tmp}/empty"], "--download"),
+    (["--dataset", "imagenet"], "imagenet"),
+    (["--partition", "mapl:scenario=7"], "scenario"),
+    (["--partition", "mapl:scenario=1,clusters=3"], "clusters"),
+    (["--model", "transformer-xxl"], "transformer-xxl"),
+    (["--norm", "layer"], "layer"),
+    (["--mixing", "average"], "--mixing"),
+]
+
+
+@pytest.mark.parametrize("args,named", LEARNING_BAD_INPUT)
+def test_bad_workload_input_exits_2_with_one_line(args, named, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["--protocol", "dfedavgm", "--nodes", "4", "--rounds", "1", "--quiet", "--no-plots",
+                 "--out", str(tmp_path / "r"), *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and named.replace("{tmp}", str(tmp_path)) in lines[0], lines
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_rounds_zero_builds_partition_and_evaluates_once(tmp_path):
+    out = tmp_path / "r"
+    assert main(["--protocol", "dfedavgm", "--dataset", "fashion-mnist", "--partition", "mapl:scenario=1",
+                 "--nodes", "20", "--model", "hetero-small", "--rounds", "0", "--quiet", "--no-plots",
+                 "--out", str(out)]) == 0
+    partition = json.loads((out / "partition.json").read_text())
+    assert [n["model"] for n in partition["nodes"][:4]] == ["cnn-small", "small-resnet", "small-dwsep", "small-mixer"]
+    for n in partition["nodes"]:
+        classes = range(5) if n["node"] < 10 else range(5, 10)
+        assert n["cluster"] == (0 if n["node"] < 10 else 1)
+        assert n["train"] == {str(c): 300 for c in classes} and n["test"] == {str(c): 15 for c in classes}
+    metrics = _rows(out / "metrics.jsonl")
+    assert len(metrics) == 20 and all(0 <= r["test_acc"] <= 1 for r in metrics)

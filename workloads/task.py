@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .datasets import DatasetError, load_dataset, normalise
-from .models import ModelError, assigned_arch, build_model
+from .models import NORMS, ModelError, assigned_arch, build_model
 from .partitions import PartitionError, make_partition
 
 
@@ -66,6 +66,8 @@ class Workload:
                                             self.dataset.num_classes, env.seed, options.val_fraction)
             self.archs = [assigned_arch(options.model, i, options.model_assign, env.seed)
                           for i in range(env.num_nodes)]
+            if options.norm not in NORMS:
+                raise ModelError(f"unknown norm {options.norm!r}; choose one of {', '.join(NORMS)}")
         except (DatasetError, PartitionError, ModelError) as exc:
             raise WorkloadError(str(exc)) from None
         env.write_json("partition.json", self.partition.to_json(
