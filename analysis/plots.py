@@ -2,7 +2,8 @@
 
 - `<metric>_vs_round.png`, `<metric>_vs_time.png`, `<metric>_vs_bytes.png`: the run's
   main metric (test_acc, else e.g. gossip's error), mean over nodes with a ±std band
-  and every node faint, against the round, the emulated time and the bytes sent so far;
+  and every node faint, against the round, the emulated time (the mean at the time the
+  last node ended the round, each node at its own) and the bytes all nodes sent so far;
 - `link_bytes_matrix.png`: bytes sent on each directed link (src x dst);
 - `link_bytes_topology.png`: the graph, each edge as wide as the bytes it carried;
 - `learned_graph.png` (mapl, l2c: graph.jsonl): the mixing matrix W after warm-up,
@@ -48,10 +49,10 @@ def _mean_x(curves: Curves, axis: str) -> np.ndarray:
 
 
 def _node_x(curves: Curves, axis: str) -> np.ndarray:
-    """x of each node's own points, (R, N): a node's own clock on the time axis."""
+    """x of each node's points, (N, R): on the time axis, the node's own clock."""
     if axis == "time":
-        return curves.times.T
-    return np.broadcast_to(_mean_x(curves, axis)[:, None], curves.values.T.shape)
+        return curves.times
+    return np.broadcast_to(_mean_x(curves, axis), curves.values.shape)
 
 
 def _usable_axes(curves: Curves) -> list[str]:
@@ -74,10 +75,11 @@ def _label_axes(ax, axis: str, metric: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _band(ax, x, curves: Curves, **line) -> None:
+def _band(ax, x, curves: Curves, color: str, **line) -> None:
+    """The mean over nodes (dots when there are too few rounds for a line) with a ±std band."""
     mean, std = curves.mean, curves.std
-    ax.plot(x, mean, marker="o" if len(x) < 3 else None, **line)
-    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=ax.lines[-1].get_color(), linewidth=0)
+    ax.plot(x, mean, color=color, marker="o" if len(x) < 3 else None, **line)
+    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=color, linewidth=0)
 
 
 def metric_plots(run: Run, plots: Path) -> list[Path]:
@@ -88,9 +90,9 @@ def metric_plots(run: Run, plots: Path) -> list[Path]:
     for axis in _usable_axes(curves):
         fig = _figure()
         ax = fig.add_subplot()
-        nodes = np.stack([_node_x(curves, axis).T, curves.values], axis=-1)  # (N, R, 2): one line per node
+        nodes = np.stack([_node_x(curves, axis), curves.values], axis=-1)  # (N, R, 2): one line per node
         ax.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7), autolim=True)
-        _band(ax, _mean_x(curves, axis), curves, color="C0", linewidth=2, label="mean ± std over nodes")
+        _band(ax, _mean_x(curves, axis), curves, "C0", linewidth=2, label="mean ± std over nodes")
         _label_axes(ax, axis, curves.metric)
         ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
         ax.legend(fontsize=8)
@@ -128,8 +130,7 @@ def link_plots(run: Run, plots: Path) -> list[Path]:
     ax.set_ylabel("source")
     _tick_nodes(ax, n)
     ax.set_title(f"{run.name}: bytes per link (blank: no link)", fontsize=9)
-    written = [_save(fig, plots / "link_bytes_matrix.png")]
-    return written + [_topology_plot(run, n, sent, plots)]
+    return [_save(fig, plots / "link_bytes_matrix.png"), _topology_plot(run, n, sent, plots)]
 
 
 def _layout(graph: nx.Graph) -> dict:
@@ -275,7 +276,7 @@ def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
             fig = _figure(7.0, 4.4)
             ax = fig.add_subplot()
             for k, (run, curves) in enumerate(drawn):
-                _band(ax, _mean_x(curves, axis), curves, color=f"C{k % 10}", linewidth=1.8, label=run.name)
+                _band(ax, _mean_x(curves, axis), curves, f"C{k % 10}", linewidth=1.8, label=run.name)
             _label_axes(ax, axis, f"{metric} (mean ± std over nodes)")
             ax.legend(fontsize=7)
             written.append(_save(fig, out / f"{metric}_vs_{axis}.png"))

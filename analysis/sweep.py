@@ -40,7 +40,10 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from emulator import cli
 from emulator.errors import UsageError
+from emulator.protocol import protocols
+from emulator.units import UnitError
 
 from .output import Parser, fail, mean_std, metric_header, rich_table, stdout_console, write_table
 from .report import write_comparison
@@ -196,23 +199,17 @@ def points(grid: Grid) -> list[Point]:
 
 def check_settings(grid: Grid, runs: list[Point]) -> None:
     """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after."""
-    from emulator.cli import resolve
-    from emulator.protocol import protocols
-    from emulator.units import UnitError
-
     registry = protocols()
     for point in runs:
         try:
-            resolve(point.argv(grid.out / point.name), registry)
+            cli.resolve(point.argv(grid.out / point.name), registry)
         except (UsageError, UnitError) as exc:
             raise GridError(f"run {point.name}: {exc}") from None
 
 
 def run_emulation(argv: list[str]) -> int:
     """One `emulate` run, in this process."""
-    from emulator.cli import main
-
-    return main(argv)
+    return cli.main(argv)
 
 
 def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
@@ -233,7 +230,8 @@ def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
                 raise KeyboardInterrupt
             if status != 0:
                 failed.append(point.name)
-                progress.console.print(f"[red]run {point.name} failed ({status})", highlight=False)
+                why = f"exit status {status}" if isinstance(status, int) else status
+                progress.console.print(f"[red]run {point.name} failed: {why}", highlight=False)
             progress.advance(task)
     return failed
 
@@ -284,8 +282,8 @@ def tabulate(grid: Grid, runs: list[Point], console: Console) -> list[Path]:
         headers, shown, csv_headers, raw = paper_table(grid, runs, finished, metric)
         written += write_table(grid.out / f"table_{metric}", headers, shown, csv_headers, raw)
         over = f"mean ± std over {', '.join(spread)}" if spread else "one run per cell"
-        console.print(rich_table(f"{metric_header(metric)}: {grid.rows} × {grid.columns or 'all'} ({over})",
-                                 headers, shown))
+        shape = f"{grid.rows} × {grid.columns}" if grid.columns else grid.rows
+        console.print(rich_table(f"{metric_header(metric)}: {shape} ({over})", headers, shown))
     if finished:
         written += write_comparison(list(finished.values()), grid.out / "runs")[1]
     return written

@@ -4,13 +4,15 @@
 
 Both run the identical training and averaging (cnn-small, same partition, seeds
 and MH weights); the emulator also encodes, sends, decodes and accounts every
-model. Both use one compute worker, so only the network layer differs. The
-figure is the ratio of their training-loop wall times, measured in the same run.
+model. Both use one compute worker with one torch thread (OMP_NUM_THREADS=1;
+contended intra-op threads would swamp the comparison), so only the network
+layer differs. The figure is the ratio of their training-loop wall times.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,13 +31,14 @@ def main() -> None:
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--partition", default="mapl:scenario=1")
     args = parser.parse_args()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["--nodes", args.nodes, "--rounds", args.rounds, "--dataset", args.dataset, "--partition", args.partition]
     bare = json.loads(subprocess.run([sys.executable, str(HERE / "bare_dfedavgm.py"), *common], check=True,
-                                     capture_output=True, text=True, cwd=HERE.parent).stdout)
+                                     capture_output=True, text=True, cwd=HERE.parent, env=env).stdout)
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "emulator.cli", "--protocol", "dfedavgm", "--topology", "ring",
                         "--model", "cnn-small", "--workers", "1", *common, "--quiet", "--no-plots", "--out", out],
-                       check=True, cwd=HERE.parent)
+                       check=True, cwd=HERE.parent, env=env)
         summary = json.loads((Path(out) / "summary.json").read_text())
     table = Table(title=f"dfedavgm, {args.nodes} nodes, {args.rounds} rounds, cnn-small on {args.dataset}")
     for column in ("run", "training-loop wall time", "final test_acc"):

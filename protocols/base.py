@@ -21,6 +21,13 @@ class LearningProtocol(Protocol):
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
 
+    def require_one_architecture(self) -> None:
+        """Protocols that average whole models need every node on the same architecture."""
+        archs = sorted(set(self.workload.archs))
+        if len(archs) > 1:
+            raise UsageError(f"--model {self.options.model}: {self.name} averages models, so every node needs "
+                             f"the same architecture (got {', '.join(archs)})")
+
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""
         model, data = self.workload.model(node.id), self.workload.data(node.id)

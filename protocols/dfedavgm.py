@@ -51,6 +51,10 @@ class DFedAvgM(LearningProtocol):
     """DFedAvgM: local momentum SGD, then Metropolis-Hastings model averaging."""
     Options = DFedAvgMOptions
 
+    def __init__(self, options, env):
+        super().__init__(options, env)
+        self.require_one_architecture()
+
     async def run(self, node):
         o = self.options
         model, data = self.workload.model(node.id), self.workload.data(node.id)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis import report, sweep
+from analysis import sweep
 from analysis.plots import plot_run, snapshot_rounds
 from emulator.cli import main
 
@@ -72,6 +72,9 @@ def test_learned_graph_and_availability_plots(runs, tmp_path):
     written = {p.name for p in plot_run(run)}
     assert {"learned_graph.png", "availability.png", "test_acc_vs_round.png"} <= written
     assert _is_png(run / "plots" / "learned_graph.png") and _is_png(run / "plots" / "availability.png")
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []  # no figure left open
 
 
 def test_learned_graph_shows_first_round_after_warm_up_middle_and_last():
@@ -114,6 +117,13 @@ def test_report_on_two_runs_overlays_them_and_writes_the_table(runs, tmp_path, c
     assert "| dfedavgm |" in markdown and "| gossip |" in markdown
     assert _is_png(out / "test_acc_vs_round.png") and _is_png(out / "error_vs_bytes.png")
     assert "dfedavgm" in capsys.readouterr().out
+
+
+def test_report_on_one_run_re_renders_its_plots(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs / "gossip", run)
+    assert main(["report", str(run)]) == 0
+    assert _is_png(run / "plots" / "error_vs_round.png")
 
 
 def test_report_names_each_bad_run_in_one_line_and_reports_the_rest(runs, tmp_path, capsys):

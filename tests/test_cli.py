@@ -147,6 +147,7 @@ LEARNING_BAD_INPUT = [
     (["--model", "transformer-xxl"], "transformer-xxl"),
     (["--norm", "layer"], "layer"),
     (["--mixing", "average"], "--mixing"),
+    (["--model", "hetero-small"], "same architecture"),
 ]
 
 
