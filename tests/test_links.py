@@ -5,7 +5,9 @@ import random
 import networkx as nx
 import pytest
 
+from emulator.config import RunConfig
 from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec, parse_delay, parse_loss
+from emulator.session import build_graph
 from emulator.units import UnitError
 from tests.conftest import emulate
 
@@ -138,3 +140,15 @@ def test_latency_models_parse():
     assert parse_delay("20ms").sample(rng) == 0.02
     assert 0.01 <= parse_delay("uniform:low=10ms,high=30ms").sample(rng) <= 0.03
     assert parse_delay("lognormal:median=20ms,sigma=0.5").sample(rng) > 0
+
+
+def test_topology_file_edge_attributes_override_link_defaults(tmp_path):
+    graph_file = tmp_path / "net.edgelist"
+    graph_file.write_text("0 1 latency=50ms bandwidth=2Mbps\n0 2\n")
+    log = []
+    graph = build_graph(RunConfig(topology=str(graph_file), nodes=3))
+    emulate(_receiver_log(log, [(1, PAYLOAD), (2, PAYLOAD)]), graph, latency="10ms", bandwidth="1Mbps")
+    arrivals = {node: msg.t_arrive for node, msg, _ in log}
+    size = log[0][1].size
+    assert arrivals[1] == pytest.approx(0.050 + 8 * size / 2e6)
+    assert arrivals[2] == pytest.approx(0.010 + 8 * size / 1e6)
