@@ -164,7 +164,7 @@ def test_bad_workload_input_exits_2_with_one_line(args, named, tmp_path, capsys)
 
 def test_rounds_zero_builds_partition_and_evaluates_once(tmp_path):
     out = tmp_path / "r"
-    assert main(["--protocol", "dfedavgm", "--dataset", "fashion-mnist", "--partition", "mapl:scenario=1",
+    assert main(["--protocol", "local", "--dataset", "fashion-mnist", "--partition", "mapl:scenario=1",
                  "--nodes", "20", "--model", "hetero-small", "--rounds", "0", "--quiet", "--no-plots",
                  "--out", str(out)]) == 0
     partition = json.loads((out / "partition.json").read_text())
