@@ -77,16 +77,6 @@ def probability(text: str | float) -> float:
     return value
 
 
-def scalar(text: str):
-    """Spec values parse as int, then float, then stay strings."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def spec(text: str) -> tuple[str, dict[str, str]]:
     """'regular:d=4,seed=1' -> ('regular', {'d': '4', 'seed': '1'})."""
     name, _, rest = str(text).partition(":")

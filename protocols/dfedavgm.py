@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from emulator.errors import UsageError
 from emulator.protocol import register
+from topologies import neighbour_weight
 from workloads.task import WorkloadOptions
 from workloads.training import float_state, mix
 
@@ -40,10 +41,6 @@ class DFedAvgMOptions(WorkloadOptions):
 
 
 SKIP = ("projection.",)  # the projection head serves MAPL only; plain training never uses it
-
-
-def neighbour_weight(mixing: str, deg_i: int, deg_j: int) -> float:
-    return 1.0 / (1 + max(deg_i, deg_j)) if mixing == "mh" else 1.0 / (1 + deg_i)
 
 
 @register("dfedavgm")

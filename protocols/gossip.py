@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emulator.protocol import Protocol, register
+from topologies import neighbour_weight
 
 
 @dataclass
@@ -28,10 +29,6 @@ class GossipOptions:
             raise UsageError(f"--mixing {self.mixing!r}: choose mh or uniform")
         if self.dim < 1 or self.timeout <= 0:
             raise UsageError("--dim must be >= 1 and --timeout > 0")
-
-
-def mixing_weight(kind: str, deg_i: int, deg_j: int) -> float:
-    return 1.0 / (1 + max(deg_i, deg_j)) if kind == "mh" else 1.0 / (1 + deg_i)
 
 
 @register("gossip")
@@ -53,7 +50,7 @@ class Gossip(Protocol):
             heard = await node.gather("x", timeout=self.options.timeout)
             mixed = x.copy()
             for msg in heard.values():
-                w = mixing_weight(self.options.mixing, degree, msg.body["deg"])
+                w = neighbour_weight(self.options.mixing, degree, msg.body["deg"])
                 mixed += w * (msg.body["x"] - x)
             x = mixed
             node.snapshot(x)

@@ -8,12 +8,12 @@
 """
 from .errors import TopologyError, TopologyWarning
 from .graphs import NAMES, ba, er, exponential, grid, line, mesh, regular, ring, star, torus, ws
-from .mixing import metropolis_hastings, mixing_weights
+from .mixing import metropolis_hastings, mixing_weights, neighbour_weight
 from .schedules import one_peer_exponential, resample
 from .spec import build, describe, parse
 
 __all__ = [
     "TopologyError", "TopologyWarning", "NAMES", "build", "describe", "parse",
-    "mixing_weights", "metropolis_hastings", "one_peer_exponential", "resample",
+    "mixing_weights", "metropolis_hastings", "neighbour_weight", "one_peer_exponential", "resample",
     "mesh", "ring", "line", "star", "grid", "torus", "regular", "er", "ws", "ba", "exponential",
 ]

@@ -12,6 +12,15 @@ def metropolis_hastings(deg_i: int, deg_j: int) -> float:
     return 1.0 / (1 + max(deg_i, deg_j))
 
 
+def neighbour_weight(kind: str, deg_i: int, deg_j: int) -> float:
+    """w_ij from the two degrees alone, so a node can compute its row from what neighbours tell it."""
+    if kind == "mh":
+        return metropolis_hastings(deg_i, deg_j)
+    if kind == "uniform":
+        return 1.0 / (1 + deg_i)
+    raise TopologyError(f"unknown mixing {kind!r}; use mh or uniform")
+
+
 def mixing_weights(graph: nx.Graph, kind: str = "mh") -> dict[int, dict[int, float]]:
     """`mh`: Metropolis–Hastings, symmetric and doubly stochastic (undirected graphs only).
     `uniform`: 1/(d_i+1) for i and each neighbour; on a directed graph the neighbours
