@@ -1,9 +1,9 @@
 """`emulate`: run one emulation from flags and/or a config file.
 
-Settings resolve as: built-in defaults, then `--config FILE` (YAML or TOML),
-then flags. The emulator's own settings come from `RunConfig`; the chosen
-protocol's come from its `Options` dataclass. Bad input of any kind ends with
-one line on stderr and exit code 2.
+Settings resolve as: built-in defaults, then `--config FILE` (YAML or TOML;
+`--scenario FILE` is the same), then flags. The emulator's own settings come
+from `RunConfig`; the chosen protocol's come from its `Options` dataclass.
+Bad input of any kind ends with one line on stderr and exit code 2.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def _default(f) -> Any:
 def build_parser(registry: dict) -> _Parser:
     parser = _Parser(prog="emulate", description="Emulate a peer-to-peer learning protocol on a network.",
                      epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`.")
-    parser.add_argument("--config", help="YAML or TOML file of settings; flags override it")
+    parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
+                        help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")
     parser.add_argument("--list-protocols", action="store_true", help="list the protocols and exit")
     group = parser.add_argument_group("emulator")
     for f in fields(cfg.RunConfig):
@@ -87,7 +88,9 @@ def read_config_file(path: str) -> dict:
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
-    """Config-file values take the type of the default they replace."""
+    """Config-file values take the type of the default they replace; a list for a text setting is ';'-joined."""
+    if isinstance(default, str) and isinstance(value, list):
+        return ";".join(str(item) for item in value)
     if default is None or isinstance(value, type(default)) and not (isinstance(value, bool) ^ isinstance(default, bool)):
         return value
     try:

@@ -1,12 +1,14 @@
 """The emulator's own settings: network, clock, compute and output."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
 import numpy as np
 
 from . import units
+from .dynamics import check as check_dynamics
 from .errors import UsageError
 from .links import LinkSpec, parse_delay, parse_loss
 from .node import ComputeModel
@@ -36,6 +38,12 @@ class RunConfig:
     compute_cost: str = "1ms"
     compute_factor: float = 1.0
     compute_speed: str = "constant"
+    churn: str = "none"
+    crash: str = "none"
+    availability: str = ""
+    link_failures: str = "none"
+    partition_event: str = ""
+    topology_schedule: str = "none"
     device: str = "cpu"
     workers: int = 0
     out: str = ""
@@ -55,15 +63,30 @@ HELP = {
     "latency": "link latency: 20ms, uniform:low=10ms,high=30ms, normal:mean=20ms,std=5ms, lognormal:median=20ms,sigma=0.5",
     "bandwidth": "link bandwidth, SI units: 10Mbps = 10^7 bit/s; inf for unlimited",
     "loss": "loss per message: a probability (Bernoulli) or ge:p=..,r=..[,loss_good=..,loss_bad=..] (Gilbert-Elliott)",
-    "uplink": "per-node uplink capacity shared by all its links (inf: none)",
-    "downlink": "per-node downlink capacity shared by all its links (inf: none)",
+    "uplink": "per-node uplink capacity shared by all its links: a rate, inf (none), "
+              "uniform:low=1Mbps,high=10Mbps or lognormal:median=10Mbps,sigma=0.5 (drawn per node); "
+              "a GraphML topology's node attribute uplink overrides it",
+    "downlink": "per-node downlink capacity, as --uplink (node attribute downlink)",
     "compress": "wire compression of float tensors: none, fp16, bf16, q8, q4",
     "max_message_size": "messages larger than this are refused at send (e.g. 64MB)",
     "compute_time": "model (work x cost x node slowdown) or measured (wall time x factor x slowdown)",
     "compute_cost": "emulated time charged per unit of work (per sample for the learning protocols)",
     "compute_factor": "measured compute time only: multiplier on wall time",
-    "compute_speed": "per-node slowdown: constant, uniform:low=1,high=3, lognormal:sigma=0.5, or "
-                     "stragglers:fraction=0.1,slowdown=5",
+    "compute_speed": "stragglers: per-node compute slowdown, constant, uniform:low=1,high=3, "
+                     "lognormal:sigma=0.5, or stragglers:fraction=0.1,slowdown=5",
+    "churn": "node churn: up=60s,down=30s[,immune=0.1]: each node alternates up and down periods "
+             "drawn from exponentials with these means; a fraction of nodes is immune. Offline nodes "
+             "do not compute and their messages are dropped (cause offline); they rejoin with their state",
+    "crash": "permanent crashes: FRACTION@TIME, e.g. 0.5@100s (which nodes: drawn from the seed)",
+    "availability": "availability trace: CSV with header node,t_down,t_up (t_up empty or inf: never back)",
+    "link_failures": "link failures: up=..,down=..: each edge (both directions) alternates up and down "
+                     "periods drawn from exponentials; messages sent on a down edge drop (cause link_down)",
+    "partition_event": "partition: t=100s:groups=0-4|5-9[:heal=200s]; several separated by ';'. Until the "
+                       "heal, messages between groups drop (link_down); unlisted nodes form one more group",
+    "topology_schedule": "time-varying graph: resample:every=K (a new draw of the random --topology every K "
+                         "rounds), one-peer-exponential (directed: in round t node i sends to i+2^(t mod "
+                         "log2 n)), or a CSV file round,src,dst (undirected) or round,sender,receiver "
+                         "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
     "workers": "executor threads (0: one per CPU core)",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>)",
@@ -102,13 +125,15 @@ def validate(config: RunConfig) -> None:
     if config.workers < 0:
         raise ConfigError(f"--workers {config.workers}: must not be negative")
     for flag, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
-                        ("uplink", units.rate), ("downlink", units.rate),
+                        ("uplink", lambda text: node_rates(text, 1, 0, 0)),
+                        ("downlink", lambda text: node_rates(text, 1, 0, 0)),
                         ("max_message_size", units.size), ("compute_cost", units.duration),
                         ("compute_speed", lambda text: slowdowns(text, 1, 0))):
         try:
             parse(getattr(config, flag))
         except units.UnitError as exc:
             raise ConfigError(f"--{flag.replace('_', '-')}: {exc}") from None
+    check_dynamics(config)
 
 
 def link_spec(config: RunConfig) -> LinkSpec:
@@ -138,6 +163,29 @@ def slowdowns(text: str, num_nodes: int, seed: int) -> tuple[float, ...]:
     if not np.all(factors > 0):
         raise units.UnitError(f"compute speed {text!r}: slowdowns must be positive")
     return tuple(float(f) for f in factors)
+
+
+def node_rates(text: str | float, num_nodes: int, seed: int, salt: int) -> list[float]:
+    """Per-node capacities in bit/s: one rate for all, or uniform/lognormal draws (one generator per flag)."""
+    if isinstance(text, (int, float)) or ":" not in str(text):
+        return [units.rate(text)] * num_nodes
+    name, params = units.spec(text)
+    expected = {"uniform": ("low", "high"), "lognormal": ("median", "sigma")}.get(name)
+    if expected is None or set(params) != set(expected):
+        raise units.UnitError(f"capacity {text!r}: use a rate, uniform:low=..,high=.. or lognormal:median=..,sigma=..")
+    rng = np.random.default_rng([seed, salt])
+    if name == "uniform":
+        low, high = units.rate(params["low"]), units.rate(params["high"])
+        if not high >= low or math.isinf(high):
+            raise units.UnitError(f"capacity {text!r}: need finite low <= high")
+        return [float(r) for r in rng.uniform(low, high, num_nodes)]
+    try:
+        sigma = float(params["sigma"])
+    except ValueError:
+        sigma = math.nan
+    if not sigma >= 0:
+        raise units.UnitError(f"capacity {text!r}: sigma must be a number >= 0")
+    return [float(r) for r in units.rate(params["median"]) * rng.lognormal(0.0, sigma, num_nodes)]
 
 
 def compute_model(config: RunConfig, num_nodes: int) -> ComputeModel:

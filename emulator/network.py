@@ -2,8 +2,10 @@
 
 A message is encoded once at send, its exact size goes on the ledger, and it is
 decoded at the receiver on arrival; bytes that fail to decode are dropped as
-corrupt. A message already in flight when its edge disappears from a
-time-varying graph is still delivered: its bits had left the sender.
+corrupt. Drops at send: over_limit, offline (sender), link_down (failed edge or
+partition); on the way: loss; at arrival: offline (receiver), corrupt. A message
+already in flight when its edge disappears from a time-varying graph, or fails,
+or when its sender goes offline, is still delivered: its bits had left the sender.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import math
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import networkx as nx
 import numpy as np
@@ -56,34 +58,75 @@ class Mailbox:
             waiter.set_result(True)
 
 
+class RoundGraph:
+    """One round's topology: whom each node sends to (out) and hears from (in)."""
+    __slots__ = ("graph", "out", "out_sorted", "in_sorted")
+
+    def __init__(self, graph: nx.Graph):
+        self.graph = graph
+        directed = graph.is_directed()
+        self.out = {node: set(graph.successors(node) if directed else graph.neighbors(node)) for node in graph.nodes}
+        self.out_sorted = {node: sorted(peers) for node, peers in self.out.items()}
+        self.in_sorted = ({node: sorted(graph.predecessors(node)) for node in graph.nodes} if directed
+                          else self.out_sorted)
+
+
 class Network:
+    """Links between nodes, the topology they may use, and who is online.
+
+    With a time-varying topology (a schedule), a node's graph is that of its own
+    round: a message tagged round r may use an edge of round r's graph.
+    `uplink` and `downlink` are one capacity for all nodes or one per node.
+    `faults` (if any) says when an edge is down (link failures, partitions).
+    """
+
     def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seed: int, *,
-                 uplink: float = math.inf, downlink: float = math.inf,
-                 compress: str = "none", max_message_bytes: int = 2**62):
+                 uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
+                 compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None):
         self.clock, self.ledger, self.spec, self.seed = clock, ledger, spec, seed
         self.compress, self.max_message_bytes = compress, max_message_bytes
-        self.num_nodes = graph.number_of_nodes()
-        self.uplinks = [Capacity(uplink) for _ in range(self.num_nodes)]
-        self.downlinks = [Capacity(downlink) for _ in range(self.num_nodes)]
-        self.mailboxes = [Mailbox() for _ in range(self.num_nodes)]
-        self.online = [True] * self.num_nodes
+        self.num_nodes = n = graph.number_of_nodes()
+        self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
+        self.downlinks = [Capacity(rate) for rate in _per_node(downlink, n)]
+        self.mailboxes = [Mailbox() for _ in range(n)]
+        self.online = [True] * n
+        self.faults = faults
         # Quantising compressors draw from the sender's own generator.
-        self.wire_rngs = [np.random.default_rng([seed, node, 0x57]) for node in range(self.num_nodes)]
+        self.wire_rngs = [np.random.default_rng([seed, node, 0x57]) for node in range(n)]
         self.links: dict[tuple[int, int], Link] = {}
         self.set_graph(graph)
+        if schedule is not None:
+            self.set_schedule(schedule)
 
     # -- topology ---------------------------------------------------------
     def set_graph(self, graph: nx.Graph) -> None:
-        """Make `graph` the current topology; links keep their queues across changes."""
+        """Make `graph` the topology of every round; links keep their queues across changes."""
         self.graph = graph
+        self.schedule = None
+        self._static = self._adopt(graph)
+
+    def set_schedule(self, schedule) -> None:
+        """A time-varying topology: schedule.graph(r) is round r's graph; rounds with one schedule.key(r) share it."""
+        self.schedule = schedule
+        self._rounds: dict[Any, RoundGraph] = {}
+
+    def at(self, rnd: int) -> RoundGraph:
+        """The topology of round `rnd`."""
+        if self.schedule is None:
+            return self._static
+        key = self.schedule.key(rnd)
+        current = self._rounds.get(key)
+        if current is None:
+            current = self._rounds[key] = self._adopt(self.schedule.graph(rnd))
+        return current
+
+    def _adopt(self, graph: nx.Graph) -> RoundGraph:
         directed = graph.is_directed()
-        self.adjacency = {node: set(graph.successors(node) if directed else graph.neighbors(node))
-                          for node in graph.nodes}
-        self._sorted = {node: sorted(peers) for node, peers in self.adjacency.items()}
         for src, dst, attrs in graph.edges(data=True):
             self._link(src, dst, attrs)
             if not directed:
                 self._link(dst, src, attrs)
+        return RoundGraph(graph)
 
     def _link(self, src: int, dst: int, attrs: dict) -> Link:
         link = self.links.get((src, dst))
@@ -94,8 +137,13 @@ class Network:
             self.links[src, dst] = link
         return link
 
-    def neighbours(self, node: int) -> list[int]:
-        return self._sorted[node]
+    def neighbours(self, node: int, rnd: int = 0) -> list[int]:
+        """Whom `node` sends to in round `rnd` (on an undirected graph, its neighbours)."""
+        return self.at(rnd).out_sorted[node]
+
+    def in_neighbours(self, node: int, rnd: int = 0) -> list[int]:
+        """Who sends to `node` in round `rnd` (on an undirected graph, its neighbours)."""
+        return self.at(rnd).in_sorted[node]
 
     # -- sending ----------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, rnd: int, body: Any) -> None:
@@ -110,9 +158,10 @@ class Network:
 
     def transmit(self, src: int, dst: int, kind: str, rnd: int, frame) -> None:
         """Put an already encoded frame on the link src -> dst."""
-        if dst not in self.adjacency[src]:
-            raise NotNeighbourError(f"node {src} cannot send to {dst}: not a current neighbour "
-                                    f"(neighbours: {self._sorted[src]})")
+        topology = self.at(rnd)
+        if dst not in topology.out[src]:
+            raise NotNeighbourError(f"node {src} cannot send to {dst}: not a current neighbour in round {rnd} "
+                                    f"(neighbours: {topology.out_sorted[src]})")
         now = self.clock.now
         ledger = self.ledger
         link = self.links[src, dst]
@@ -127,6 +176,8 @@ class Network:
             ledger.sent(link.counters, src, rnd, 0)
             return self._drop(link, "offline", trace)
         ledger.sent(link.counters, src, rnd, nbytes)
+        if self.faults is not None and self.faults.down(src, dst, now):
+            return self._drop(link, "link_down", trace)
         arrival = link.transmit(now, nbytes)
         if arrival is None:
             return self._drop(link, "loss", trace)
@@ -149,3 +200,7 @@ class Network:
         if trace is not None:
             trace[6], trace[7] = arrival, "delivered"
         self.mailboxes[dst].put(Message(link.src, dst, kind, msg_round, body, len(frame), t_send, arrival))
+
+
+def _per_node(rate: float | Sequence[float], n: int) -> list[float]:
+    return [rate] * n if isinstance(rate, (int, float)) else list(rate)

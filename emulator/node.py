@@ -57,8 +57,19 @@ class Node:
     # -- where and when ---------------------------------------------------
     @property
     def neighbours(self) -> list[int]:
-        """Current neighbours, sorted; follows a time-varying topology."""
-        return self._network.neighbours(self.id)
+        """Whom this node sends to in its current round, sorted: its neighbours on an
+        undirected graph, its out-neighbours on a directed one. Follows a time-varying topology."""
+        return self._network.neighbours(self.id, self.round)
+
+    @property
+    def in_neighbours(self) -> list[int]:
+        """Who sends to this node in its current round, sorted (the neighbours, on an undirected graph)."""
+        return self._network.in_neighbours(self.id, self.round)
+
+    @property
+    def online(self) -> bool:
+        """Whether this node is up now (--churn, --crash, --availability)."""
+        return self._network.online[self.id]
 
     @property
     def num_nodes(self) -> int:
@@ -82,7 +93,7 @@ class Node:
         self._network.send(self.id, dst, kind, self.round, body)
 
     def broadcast(self, kind: str, body: Any = None, to: list[int] | None = None) -> None:
-        """Send the same message to every neighbour (or to the listed ones)."""
+        """Send the same message to every (out-)neighbour, or to the listed ones."""
         peers = self.neighbours if to is None else to
         if peers:
             self._network.broadcast(self.id, peers, kind, self.round, body)
@@ -104,13 +115,13 @@ class Node:
 
     async def gather(self, kind: str, round: int | None = None, peers: list[int] | None = None,
                      timeout: float | None = None) -> dict[int, Message]:
-        """One message of `kind` for `round` from each of `peers`, until `timeout`.
+        """One message of `kind` for `round` from each of `peers` (default: the in-neighbours), until `timeout`.
 
         Returns what arrived, by sender in ascending order. Messages of `kind`
         from earlier rounds are stale and discarded; other messages stay queued.
         """
         rnd = self.round if round is None else round
-        wanted = set(self.neighbours if peers is None else peers)
+        wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
         got: dict[int, Message] = {}
         deadline = None if timeout is None else self._clock.now + timeout
         while True:
@@ -147,14 +158,33 @@ class Node:
 
     # -- compute ----------------------------------------------------------
     async def compute(self, fn: Callable, *args, work: float = 1.0, **kwargs):
-        """Run fn(*args, **kwargs) on the shared executor; emulated time is charged by the compute model."""
+        """Run fn(*args, **kwargs) on the shared executor; emulated time is charged by the compute model.
+
+        An offline node starts once it is back, and time offline during the job does
+        not count: the result comes that much later.
+        """
         if kwargs:
             fn = functools.partial(fn, **kwargs)
+        availability = self._em.availability
+        if availability is None:
+            return await self._submit(fn, args, work)
+        await availability.until_online(self.id)
+        start = self._clock.now
+        result = await self._submit(fn, args, work)
+        lost = availability.offline_time(self.id, start, self._clock.now)
+        while lost > 0:
+            await availability.until_online(self.id)
+            start = self._clock.now
+            await self.sleep(lost)
+            lost = availability.offline_time(self.id, start, self._clock.now)
+        return result
+
+    def _submit(self, fn: Callable, args: tuple, work: float):
         model = self._em.compute_model
         slowdown = model.slowdowns[self.id]
         if model.kind == "measured":
-            return await self._clock.submit(fn, args, None, model.factor * slowdown)
-        return await self._clock.submit(fn, args, work * model.cost_per_unit * slowdown)
+            return self._clock.submit(fn, args, None, model.factor * slowdown)
+        return self._clock.submit(fn, args, work * model.cost_per_unit * slowdown)
 
     # -- results ----------------------------------------------------------
     def rounds(self) -> Iterator[int]:

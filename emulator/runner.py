@@ -15,13 +15,16 @@ from typing import Any, Callable
 import networkx as nx
 import yaml
 
+import topologies
+
 from . import config as cfg
+from . import dynamics
 from .clock import RealClock, VirtualClock
 from .ledger import Ledger
 from .network import Network
 from .node import Node
 from .protocol import Protocol
-from .units import rate
+from .units import UnitError, rate
 
 
 @dataclass
@@ -40,13 +43,19 @@ class Environment:
 
 
 class Recorder:
-    """Per node per round metric rows, observer metrics, and extra jsonl streams."""
+    """Per node per round metric rows, observer metrics, and extra jsonl streams.
+
+    A round closes (observer, progress) when every node still alive has finished it;
+    a crashed node's unfinished round leaves no row and no snapshot.
+    """
 
     def __init__(self, num_nodes: int, ledger: Ledger, observe: Callable, on_round: Callable):
         self.num_nodes, self.ledger, self.observe, self.on_round = num_nodes, ledger, observe, on_round
         self.rows: dict[tuple[int, int], dict] = {}
         self.snapshots: dict[int, dict[int, Any]] = defaultdict(dict)
-        self.finished: dict[int, int] = defaultdict(int)
+        self.finished: dict[int, int] = defaultdict(int)  # open round -> live nodes that finished it
+        self.done_through = [-1] * num_nodes  # each node's last finished round
+        self.alive = num_nodes
         self.streams: dict[str, list[dict]] = defaultdict(list)
 
     def _row(self, node: int, rnd: int) -> dict:
@@ -66,10 +75,29 @@ class Recorder:
 
     def end_round(self, node: int, rnd: int, now: float) -> None:
         self._row(node, rnd)["t"] = now
+        self.done_through[node] = rnd
         self.finished[rnd] += 1
-        if self.finished[rnd] == self.num_nodes:
-            self._observe(rnd)
-            self.on_round(rnd, now)
+        if self.finished[rnd] == self.alive:
+            self._close(rnd, now)
+
+    def crash(self, node: int, now: float) -> None:
+        """Forget the node's unfinished rounds and close the rounds that waited only for it."""
+        done = self.done_through[node]
+        for rnd, _ in [key for key in self.rows if key[1] == node and key[0] > done]:
+            del self.rows[rnd, node]
+        for rnd in [rnd for rnd in self.snapshots if rnd > done]:
+            self.snapshots[rnd].pop(node, None)
+        self.alive -= 1
+        for rnd in sorted(self.finished):
+            if rnd <= done:
+                self.finished[rnd] -= 1
+            if self.finished[rnd] == self.alive:
+                self._close(rnd, now)
+
+    def _close(self, rnd: int, now: float) -> None:
+        del self.finished[rnd]
+        self._observe(rnd)
+        self.on_round(rnd, now)
 
     def _observe(self, rnd: int) -> None:
         snapshots = self.snapshots.pop(rnd, None)
@@ -80,7 +108,7 @@ class Recorder:
     def finish(self, now: float) -> list[dict]:
         """Rows in (round, node) order, with each node's ledger totals for the round.
 
-        A row whose round never closed (e.g. --rounds 0, or a crashed node) is stamped with the end time.
+        A row whose round never closed (e.g. --rounds 0) is stamped with the end time.
         """
         for rnd in list(self.snapshots):
             self._observe(rnd)
@@ -93,27 +121,62 @@ class Recorder:
 
 
 class Emulation:
-    """The network, the clock and the nodes of one run."""
+    """The network, the clock, the nodes and the scenario's dynamics of one run."""
 
     def __init__(self, config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
-                 executor: concurrent.futures.Executor, on_round: Callable = lambda rnd, now: None):
+                 executor: concurrent.futures.Executor, on_round: Callable = lambda rnd, now: None,
+                 scenario: dynamics.Scenario | None = None):
         self.config, self.seed, self.rounds = config, config.seed, config.rounds
+        n = graph.number_of_nodes()
+        if scenario is None:
+            scenario = dynamics.scenario(config, n, dynamics.schedule(config, n))
+        self.scenario = scenario
         self.clock = (RealClock(executor, config.time_scale) if config.clock == "real"
                       else VirtualClock(executor))
         self.ledger = Ledger(trace=config.trace)
         self.network = Network(graph, self.clock, self.ledger, cfg.link_spec(config), config.seed,
-                               uplink=rate(config.uplink), downlink=rate(config.downlink),
-                               compress=config.compress, max_message_bytes=cfg.max_message_bytes(config))
-        self.compute_model = cfg.compute_model(config, graph.number_of_nodes())
-        self.recorder = Recorder(graph.number_of_nodes(), self.ledger, protocol.observe, on_round)
+                               uplink=_capacities(graph, "uplink", config.uplink, config.seed),
+                               downlink=_capacities(graph, "downlink", config.downlink, config.seed),
+                               compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
+                               schedule=scenario.schedule,
+                               faults=dynamics.LinkFaults(scenario, config.seed) if scenario.links_change else None)
+        self.compute_model = cfg.compute_model(config, n)
+        self.recorder = Recorder(n, self.ledger, protocol.observe, on_round)
+        self.availability = (dynamics.Availability(scenario, self.network.online, self.clock, config.seed,
+                                                   self._crash) if scenario.nodes_change else None)
         self.protocol = protocol
-        self.nodes = [Node(i, self) for i in range(graph.number_of_nodes())]
+        self.nodes = [Node(i, self) for i in range(n)]
+        self.tasks: dict[int, asyncio.Task] = {}
+        self._running: set[int] = set()
+
+    def _crash(self, node: int) -> None:
+        if node in self._running:  # a task cancelled before its first step could not catch it
+            self.tasks[node].cancel()
+        self.recorder.crash(node, self.clock.now)
+
+    async def _node_main(self, node_main: Callable, node: Node) -> None:
+        crashed = self.availability.crashed if self.availability is not None else ()
+        if node.id in crashed:
+            return
+        self._running.add(node.id)
+        try:
+            await node_main(node)
+        except asyncio.CancelledError:
+            if node.id not in crashed:
+                raise
+        finally:
+            self._running.discard(node.id)
 
     def run(self) -> list[dict]:
         node_main = self.protocol.run if self.rounds > 0 else self.protocol.run_no_rounds
 
         async def main():
-            await asyncio.gather(*(node_main(node) for node in self.nodes))
+            if self.availability is not None:
+                self.availability.start()
+            for node in self.nodes:
+                task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))
+                task._log_destroy_pending = False  # as gather does for its own: a failed run leaves them
+            await asyncio.gather(*self.tasks.values())
 
         # Messages are short-lived and acyclic; full collections over a large run's
         # long-lived objects would dominate the wall time.
@@ -126,6 +189,18 @@ class Emulation:
             gc.set_threshold(*thresholds)
             gc.unfreeze()
         return self.recorder.finish(self.clock.now)
+
+
+def _capacities(graph: nx.Graph, attribute: str, default: str, seed: int) -> list[float]:
+    """Per-node capacity: the node's attribute in a topology file, else the flag's value or draw."""
+    rates = cfg.node_rates(default, graph.number_of_nodes(), seed, 0x0B if attribute == "uplink" else 0x0D)
+    for node, value in graph.nodes(data=attribute):
+        if value is not None:
+            try:
+                rates[node] = rate(value)
+            except UnitError as exc:
+                raise cfg.ConfigError(f"topology node {node}: {attribute}: {exc}") from None
+    return rates
 
 
 def make_executor(config: cfg.RunConfig) -> concurrent.futures.Executor:
@@ -161,31 +236,46 @@ class RunResult:
     extra: dict = field(default_factory=dict)
 
 
+def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
+    """--topology, or the schedule that replaces it; a resampled one names both."""
+    schedule = scenario.schedule
+    if schedule is None:
+        return config.topology
+    if isinstance(schedule, topologies.schedules.Resampled):
+        return f"{config.topology} ({config.topology_schedule})"
+    return config.topology_schedule
+
+
 def write_run_dir(out_dir: Path, config: cfg.RunConfig, options: Any, emulation: Emulation,
                   rows: list[dict], wall: float) -> dict:
     resolved = {**asdict(config), **asdict(options)}
     (out_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    with open(out_dir / "metrics.jsonl", "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
+    _write_jsonl(out_dir / "metrics.jsonl", rows)
     emulation.ledger.write_links(out_dir / "links.csv")
     if emulation.ledger.trace is not None:
         emulation.ledger.write_trace(out_dir / "messages.jsonl")
+    if emulation.availability is not None:
+        _write_jsonl(out_dir / "availability.jsonl", emulation.availability.rows())
     for stream, stream_rows in emulation.recorder.streams.items():
-        with open(out_dir / f"{stream}.jsonl", "w") as fh:
-            for row in stream_rows:
-                fh.write(json.dumps(row) + "\n")
+        _write_jsonl(out_dir / f"{stream}.jsonl", stream_rows)
     totals = emulation.ledger.totals()
     summary = {
-        "protocol": config.protocol, "topology": config.topology, "nodes": emulation.network.num_nodes,
-        "rounds": config.rounds, "seed": config.seed,
+        "protocol": config.protocol, "topology": topology_label(config, emulation.scenario),
+        "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed,
         **totals,
         "messages_in_flight": totals["messages_total"] - totals["messages_delivered"]
         - sum(v for k, v in totals.items() if k.startswith("dropped_")),
         "wall_seconds": wall,
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
+        **({"crashed": sorted(emulation.availability.crashed)} if emulation.availability is not None else {}),
         **emulation.protocol.summary(),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")

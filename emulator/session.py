@@ -13,26 +13,34 @@ from rich.table import Table
 import topologies
 
 from . import config as cfg
+from . import dynamics
 from .errors import UsageError
 from .runner import Emulation, Environment, make_executor, write_run_dir
 
 
 def build_graph(run: cfg.RunConfig):
+    return build_topology(run)[0]
+
+
+def build_topology(run: cfg.RunConfig):
+    """The round-0 graph and the time-varying schedule (None for a static topology)."""
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", topologies.TopologyWarning)
-            graph = topologies.build(run.topology, run.nodes, run.seed)
+            schedule = dynamics.schedule(run, run.nodes)
+            graph = topologies.build(run.topology, run.nodes, run.seed) if schedule is None else schedule.graph(0)
     except topologies.TopologyError as exc:
         raise UsageError(f"--topology {run.topology}: {exc}") from None
     for warning in caught:
         warnings.warn(str(warning.message), warning.category)
-    return graph
+    return graph, schedule
 
 
 def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> dict:
     console = Console(stderr=True, quiet=run.quiet)
-    graph = build_graph(run)
+    graph, schedule = build_topology(run)
     run.nodes = graph.number_of_nodes()
+    scenario = dynamics.scenario(run, run.nodes, schedule)  # bad node ids fail before any work
     out_dir.mkdir(parents=True, exist_ok=True)
     env = Environment(graph.number_of_nodes(), run.rounds, run.seed, graph, run.device, out_dir, console)
     protocol = protocol_cls(options, env)
@@ -41,7 +49,7 @@ def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path)
             progress.update(task, completed=rnd + 1,
                             info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
-        emulation = Emulation(run, graph, protocol, executor, on_round)
+        emulation = Emulation(run, graph, protocol, executor, on_round, scenario)
         start = time.perf_counter()
         rows = emulation.run()
         wall = time.perf_counter() - start

@@ -4,8 +4,12 @@ Each round, node i:
   1. runs local SGD with heavy-ball momentum (the buffer starts fresh every round);
   2. sends its model to every neighbour;
   3. mixes x_i <- w_ii x_i + sum_{j heard} w_ij x_j with its Metropolis-Hastings
-     (or uniform) row; a neighbour not heard from before the timeout gives its
-     weight back to i. Only floating-point tensors are averaged.
+     (or uniform) row; a neighbour not heard from before the timeout (offline,
+     link down, straggling) gives its weight back to i. Only floating-point
+     tensors are averaged.
+On a directed graph (e.g. --topology-schedule one-peer-exponential) a node sends
+to its out-neighbours and mixes what its in-neighbours sent, with degrees counted
+as in-degrees (one-peer exponential: half its own model, half the one received).
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ class DFedAvgM(LearningProtocol):
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         for _ in node.rounds():
             loss = await self.train(node, model, data)
-            degree = len(node.neighbours)
+            degree = len(node.in_neighbours)
             node.broadcast("model", {"state": float_state(model, SKIP), "degree": degree})
             heard = await node.gather("model", timeout=o.timeout)
             weights = [(neighbour_weight(o.mixing, degree, m.body["degree"]), m.body["state"]) for m in heard.values()]

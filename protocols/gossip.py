@@ -3,8 +3,13 @@
 Each round every node sends (x_i, deg_i) to its neighbours and sets
 x_i <- w_ii x_i + sum_j w_ij x_j over the neighbours heard from, with
 Metropolis-Hastings weights w_ij = 1/(1+max(deg_i, deg_j)) computed from the
-degree that rides on each message; a silent neighbour's weight stays with i.
+degree that rides on each message; a silent neighbour's weight stays with i
+(a neighbour offline, its link down, or too slow for --timeout).
 On a connected graph every x_i converges to the mean of the initial values.
+
+On a directed graph a node sends to its out-neighbours, hears from its
+in-neighbours, and deg is the in-degree: on the one-peer exponential graph
+that is x_i <- (x_i + x_j) / 2 with j the one node that sends to i.
 """
 from __future__ import annotations
 
@@ -45,7 +50,7 @@ class Gossip(Protocol):
     async def run(self, node):
         x = self.initial[node.id].copy()
         for _ in node.rounds():
-            degree = len(node.neighbours)
+            degree = len(node.in_neighbours)
             node.broadcast("x", {"x": x, "deg": degree})
             heard = await node.gather("x", timeout=self.options.timeout)
             mixed = x.copy()

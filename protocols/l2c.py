@@ -10,7 +10,11 @@ its neighbours. Round t at node i (Algorithm 1):
   4. theta_i <- theta_i - sum_j w_ij Delta_j (self included).
   5. One Adam step on alpha_i down the hypergradient of the validation loss at
      the new theta_i: dL/dw_ij = -<grad L_val(theta_i), Delta_j>, chained through
-     the softmax. The new alpha applies from the next round.
+     the softmax. The new alpha applies from the next round. The paper's "Adam,
+     weight decay 0.01" is read as decoupled decay (AdamW): hypergradients can be
+     as small as 1e-6, and decay added to the gradient (torch's Adam) then
+     dominates it, so Adam's normalised steps drive the parameters to 0 (meta-L2C's
+     encoder collapsed to uniform weights that way on 20 nodes, shards:n=2).
   6. At round T0 node i drops the K0 neighbours with the smallest w_ij of that
      round (one it did not hear from counts as 0) and tells every neighbour which
      ones it keeps; from round T0 + 1 a node sends only to the neighbours that
@@ -56,8 +60,9 @@ class L2COptions(WorkloadOptions):
     batch_size: int = _like(DFedAvgMOptions, "batch_size", 10)
     timeout: float = _like(DFedAvgMOptions, "timeout", 60.0)
     alpha_lr: float = field(default=0.1, metadata={
-        "help": "Adam learning rate of the mixing parameters (L2C: logits alpha; meta-L2C: the encoder)"})
-    alpha_weight_decay: float = field(default=0.01, metadata={"help": "Adam weight decay of the mixing parameters"})
+        "help": "AdamW learning rate of the mixing parameters (L2C: logits alpha; meta-L2C: the encoder)"})
+    alpha_weight_decay: float = field(default=0.01, metadata={
+        "help": "AdamW (decoupled) weight decay of the mixing parameters"})
     prune_round: int = field(default=10, metadata={"help": "T0: the round (from 0) after which nodes prune"})
     prune: str = field(default="0.5", metadata={
         "help": "K0: neighbours each node drops at T0, a count (3) or a fraction of its neighbours (0.5); 0: never"})
@@ -119,12 +124,12 @@ def same_task_on_top(node: int, weights: dict[int, float], peers: set[int]) -> b
 
 
 class MixingLogits:
-    """L2C's alpha_i: one logit per member of {i} and N(i), initially equal, trained by Adam."""
+    """L2C's alpha_i: one logit per member of {i} and N(i), initially equal, trained by AdamW."""
 
     def __init__(self, members: list[int], lr: float, weight_decay: float):
         self.index = {j: k for k, j in enumerate(members)}
         self.alpha = torch.zeros(len(members), requires_grad=True)
-        self.optimizer = torch.optim.Adam([self.alpha], lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW([self.alpha], lr=lr, weight_decay=weight_decay)
 
     def weights(self, bodies: dict[int, dict]) -> torch.Tensor:
         return torch.softmax(self.alpha[[self.index[j] for j in bodies]], 0)

@@ -38,10 +38,12 @@ Paper vs the authors' code (defaults follow the code, which produced the tables)
                       gradient; on (paper): d/dw_ij of -log(deg_i + eps).
   --no-sparsify       the code: keep sending to (and waiting for) zero-weight
                       neighbours; the default stops, as the paper's Table 4 counts.
-Both the paper and the code use tau = 100 and Adam lr 1e-4, betas (0.5, 0.999),
-batch 64, E = 1, T = 400, T_thr = 100, d_z = d_p = 512, head width 4096. CPU
-defaults here: lr 1e-3, 2 epochs per round, T_thr = rounds // 4 (--t-thr -1),
-d_z = d_p = 128, head width 512, hetero-small backbones, digits.
+Both the paper and the code use tau = 100, Adam lr 1e-4, betas (0.5, 0.999),
+batch 64, E = 1, T = 400, T_thr = 100, d_z = d_p = 512, head width 4096 and crops
+of 20-100% of the image. CPU defaults here (20 rounds of 8x8 digits): Adam lr
+3e-3, batch 32, 2 epochs per round, crops of 50-100% (a 20% crop of an 8x8 digit
+is about 3x3 pixels), T_thr = rounds // 4 (--t-thr -1), d_z = d_p = 128, head
+width 512, hetero-small backbones; tau = 100 and the rest as the code.
 
 Variants: `mapl+` (one architecture for all nodes) also averages the backbones
 with w_i (the backbone rides on the same message); --mapl-no-cgl is the paper's
@@ -55,6 +57,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
+from rich import box
 from rich.table import Table
 
 from emulator.errors import UsageError
@@ -90,10 +93,10 @@ class MapLOptions(WorkloadOptions):
     d_p: int = _workload_default("d_p", 128)
     hidden: int = _workload_default("hidden", 512)
     local_epochs: int = field(default=2, metadata=_help("local epochs per round (paper: 1)"))
-    lr: float = field(default=1e-3, metadata=_help("learning rate (MAPL: Adam; paper 1e-4)"))
+    lr: float = field(default=3e-3, metadata=_help("learning rate (MAPL: Adam; paper 1e-4)"))
     adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
     weight_decay: float = field(default=0.0, metadata=_help("weight decay"))
-    batch_size: int = field(default=64, metadata=_help("local batch size"))
+    batch_size: int = field(default=32, metadata=_help("local batch size (MAPL paper: 64)"))
     crop_scale: float = field(default=0.5, metadata=_help(
         "MAPL: smallest crop area of the augmentation, as a fraction of the image (code: 0.2)"))
     tau: float = field(default=100.0, metadata=_help("MAPL: temperature of the contrastive losses"))
@@ -137,14 +140,14 @@ class MapLOptions(WorkloadOptions):
 def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
     """l_cont + l_proto + l_uni as the authors' code computes them."""
     p_hat = F.normalize(p, dim=1)
-    eye = torch.eye(len(y), dtype=torch.bool)
+    eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
     same = y[:, None] == y[None, :]
     logits = p_hat @ p_hat.T / tau
     # log(pos / (pos + neg)), pos = same label but not itself, neg = other labels (never itself)
     cont = -(logits.masked_fill(~same | eye, -math.inf).logsumexp(1)
              - logits.masked_fill(eye, -math.inf).logsumexp(1)).mean()
     proto = F.cross_entropy(p_hat @ xi.T, y)
-    others = ~torch.eye(len(xi), dtype=torch.bool)
+    others = ~torch.eye(len(xi), dtype=torch.bool, device=xi.device)
     uni = (torch.exp(xi @ xi.T / tau) * others).sum(1).mean()
     return cont + proto + uni
 
@@ -152,14 +155,14 @@ def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) 
 def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
     """l_cont + l_proto + l_uni as the paper writes them (cosine forms), averaged over the 2B views."""
     p_hat, xi_hat = F.normalize(p, dim=1), F.normalize(xi, dim=1)
-    eye = torch.eye(len(y), dtype=torch.bool)
+    eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
     positives = (y[:, None] == y[None, :]) & ~eye
     logits = (p_hat @ p_hat.T / tau).masked_fill(eye, -math.inf)
     log_prob = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(~positives, 0)
     cont = -(log_prob.sum(1) / positives.sum(1)).mean()
     proto = F.cross_entropy(p_hat @ xi_hat.T / tau, y)
     cosines = xi_hat @ xi_hat.T
-    uni = cosines.masked_fill(torch.eye(len(xi), dtype=torch.bool), 0).sum() / len(xi)
+    uni = cosines.masked_fill(torch.eye(len(xi), dtype=torch.bool, device=xi.device), 0).sum() / len(xi)
     return cont + proto + uni
 
 
@@ -172,18 +175,19 @@ def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: t
                           generator: torch.Generator) -> tuple[float, torch.Tensor]:
     """PML (Algorithm 1): returns the mean loss and the trained prototypes; trains `model` in place.
 
-    x is standardised; views are drawn in 0..1 units (the colour ops clamp there).
-    The optimizer is fresh every call, as in the authors' code.
+    x is standardised (on the model's device); views are drawn on the CPU in 0..1
+    units (the colour ops clamp there). The optimizer is fresh every call, as in
+    the authors' code. Prototypes come and go on the CPU, where messages live.
     """
     mean, std = stats
-    xi = prototypes.clone().requires_grad_(True)
+    xi = prototypes.to(x.device, copy=True).requires_grad_(True)
     optimizer = torch.optim.Adam([*model.parameters(), xi], lr=lr, betas=(beta1, ADAM_BETA2),
                                  weight_decay=weight_decay)
     model.train()
     total, seen = 0.0, 0
     for _ in range(epochs):
         for idx in batches(len(y), batch_size, generator):
-            both = (torch.cat(views(x[idx] * std + mean)) - mean) / std
+            both = ((torch.cat(views(x[idx].cpu() * std + mean)) - mean) / std).to(x.device)
             labels = y[idx].repeat(2)
             z = model.features(both)
             loss = F.cross_entropy(model.classifier(z), labels) + LOSSES[forms](model.project(z), labels, xi, tau)
@@ -192,7 +196,7 @@ def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: t
             optimizer.step()
             total += loss.item() * len(idx)
             seen += len(idx)
-    return total / max(seen, 1), xi.detach()
+    return total / max(seen, 1), xi.detach().cpu()
 
 
 def initial_prototypes(num_classes: int, d_p: int, generator: torch.Generator) -> torch.Tensor:
@@ -263,11 +267,13 @@ class CollaborationRow:
                 self.classifiers[j] = message.body["classifier"]
 
     def drop(self, j: int) -> None:
-        if j not in self.weights:
+        """Forget j; the rest of the row is rescaled to sum to one."""
+        if self.weights.pop(j, None) is None:
             return
-        del self.weights[j]
         total = sum(self.weights.values())
-        self.weights = {k: w / total for k, w in self.weights.items()} if total > 0 else {self.me: 1.0}
+        if total <= 0:  # nothing left to rescale: keep to itself
+            self.weights[self.me] = total = 1.0
+        self.weights = {k: w / total for k, w in self.weights.items()}
 
     def learn(self, own_classifier: torch.Tensor, o: MapLOptions) -> None:
         """CGL (Algorithm 2) on this row."""
@@ -297,12 +303,15 @@ class CollaborationRow:
         self_weight, others = self.mixing(received)
         return sum((w * received[j] for w, j in others), self_weight * own)
 
-    def within(self, clusters: list) -> float:
-        return sum(w for j, w in self.weights.items() if clusters[j] == clusters[self.me])
+
+
+def cluster_mass(weights: dict[int, float], me: int, clusters: list) -> float:
+    """The weight node `me` puts on its own cluster, itself included."""
+    return sum(w for j, w in weights.items() if clusters[j] == clusters[me])
 
 
 def classifier_weight(model) -> torch.Tensor:
-    return model.classifier[-1].weight.detach()
+    return model.classifier[-1].weight.detach().cpu()
 
 
 # ---------------------------------------------------------------- protocol
@@ -369,12 +378,11 @@ class MAPL(LearningProtocol):
         node.record("graph", weights={str(j): w for j, w in weights.items()})
         metrics = dict(train_loss=loss, test_acc=acc, heard_from=heard, links=len(row.peers))
         if self.clusters is not None:
-            metrics["within_cluster"] = row.within(self.clusters)
+            metrics["within_cluster"] = cluster_mass(row.weights, node.id, self.clusters)
         node.log(**metrics)
 
     def within_cluster(self) -> dict[int, float]:
-        return {i: sum(w for j, w in weights.items() if self.clusters[j] == self.clusters[i])
-                for i, weights in sorted(self.rows.items())}
+        return {i: cluster_mass(weights, i, self.clusters) for i, weights in sorted(self.rows.items())}
 
     def summary(self) -> dict:
         out = {"collaboration_graph": {str(i): {str(j): w for j, w in weights.items()}
@@ -386,26 +394,31 @@ class MAPL(LearningProtocol):
         return out
 
     def render(self, console) -> None:
+        """The learned W as a nodes x nodes table: row i is node i's weights, green within its cluster."""
         if not self.rows:
             return
         nodes = sorted(self.rows)
-        title = "learned collaboration graph W (row i: node i's weights; · = 0)"
-        if self.clusters is not None:
-            title += f"; within-cluster mass {statistics.fmean(self.within_cluster().values()):.2f}"
-        table = Table(title=title, pad_edge=False, padding=(0, 1))
+        caption = None if self.clusters is None else (
+            f"within-cluster weight, mean over nodes: {statistics.fmean(self.within_cluster().values()):.2f}")
+        table = Table(title="learned collaboration graph W (row i: node i's weights)", caption=caption,
+                      box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), show_edge=False)
         table.add_column("node", justify="right")
         table.add_column("cl", justify="right")
         for j in nodes:
             table.add_column(str(j), justify="right")
         for i in nodes:
-            cells = []
-            for j in nodes:
-                w = self.rows[i].get(j, 0.0)
-                same = self.clusters is not None and self.clusters[i] == self.clusters[j]
-                cells.append("·" if w <= 0 else f"[{'green' if same else 'red'}]{w:.2f}")
-            cluster = "-" if self.clusters is None else str(self.clusters[i])
-            table.add_row(str(i), cluster, *cells)
+            cells = [self._cell(i, j) for j in nodes]
+            table.add_row(str(i), "-" if self.clusters is None else str(self.clusters[i]), *cells)
         console.print(table)
+
+    def _cell(self, i: int, j: int) -> str:
+        w = self.rows[i].get(j, 0.0)
+        if w <= 0:
+            return "·"
+        text = f"{w:.2f}".removeprefix("0")  # ".20": three characters keep 20 nodes in 80 columns
+        if self.clusters is None:
+            return text
+        return f"[{'green' if self.clusters[i] == self.clusters[j] else 'red'}]{text}"
 
 
 @dataclass

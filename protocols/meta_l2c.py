@@ -6,15 +6,9 @@ attention over encoded models:
 so node j also sends dtheta_j (its change since the common start; only the
 tensors E reads). E concatenates, over the model's weight tensors (conv and
 linear; one "layer" each), a two-layer MLP E_l (widths 10 and 5) applied to
-every filter (row) of that tensor (eq. 7-8). Node i's Adam step trains its copy
+every filter (row) of that tensor (eq. 7-8). Node i's AdamW step trains its copy
 of E down the hypergradient of its validation loss, through both E(dtheta_i)
 and E(dtheta_j).
-
-E_l has no biases, so an unchanged model encodes to 0 and a score measures only
-how alike two changes are. With biases every node's scores share a term
-E(0) . E(dtheta_j) that makes the same few neighbours look best to everyone:
-seed 2 of the 15-node, five-task run found the same-task peers of 3 nodes of 15
-after 10 rounds with biases, of all 15 without.
 
 The paper AllReduces E every round; here the nodes gossip instead: after its
 step each node sends E's parameters to all its neighbours in the topology (also
@@ -60,8 +54,8 @@ def encoder_widths(spec: str) -> tuple[int, ...]:
 
 
 def _linear(n_in: int, n_out: int, generator: torch.Generator) -> nn.Linear:
-    """A bias-free nn.Linear with PyTorch's U(-1/sqrt(n_in), 1/sqrt(n_in)) init drawn from `generator`."""
-    layer = nn.utils.skip_init(nn.Linear, n_in, n_out, bias=False)
+    """nn.Linear with PyTorch's U(-1/sqrt(n_in), 1/sqrt(n_in)) init drawn from `generator`."""
+    layer = nn.utils.skip_init(nn.Linear, n_in, n_out)
     for p in layer.parameters():
         nn.init.uniform_(p, -n_in ** -0.5, n_in ** -0.5, generator=generator)
     return layer
@@ -92,11 +86,11 @@ def encoded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class Attention:
-    """Meta-L2C's mixer: w_ij = softmax_j <E(dtheta_i), E(dtheta_j)>, E trained by Adam."""
+    """Meta-L2C's mixer: w_ij = softmax_j <E(dtheta_i), E(dtheta_j)>, E trained by AdamW."""
 
     def __init__(self, me: int, encoder: Encoder, lr: float, weight_decay: float):
         self.me, self.encoder = me, encoder
-        self.optimizer = torch.optim.Adam(encoder.parameters(), lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(encoder.parameters(), lr=lr, weight_decay=weight_decay)
 
     def weights(self, bodies: dict[int, dict]) -> torch.Tensor:
         codes = {j: self.encoder(body["drift"]) for j, body in bodies.items()}

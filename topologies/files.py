@@ -123,3 +123,53 @@ def _as_int(label) -> int | None:
         return int(label)
     except ValueError:
         return None
+
+
+SCHEDULE_HEADERS = {("round", "src", "dst"): False, ("round", "sender", "receiver"): True}
+
+
+def read_schedule(path: str) -> tuple[list[nx.Graph], bool]:
+    """A topology schedule file: CSV, one edge per row, rounds 0, 1, ... in any order.
+
+    Header `round,src,dst`: undirected edges; `round,sender,receiver`: directed ones.
+    There are max(node) + 1 nodes and max(round) + 1 graphs; a round without rows
+    has no edges. Lines may carry `#` comments.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TopologyError(f"cannot read schedule file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path}: not a UTF-8 text file") from None
+    lines = [(number, line.split("#", 1)[0].strip()) for number, line in enumerate(text.splitlines(), 1)]
+    lines = [(number, line) for number, line in lines if line]
+    header = tuple(field.strip().lower() for field in lines[0][1].split(",")) if lines else ()
+    if header not in SCHEDULE_HEADERS:
+        raise TopologyError(f"{path}: expected a header 'round,src,dst' (undirected) or "
+                            f"'round,sender,receiver' (directed)")
+    directed = SCHEDULE_HEADERS[header]
+    edges = [_schedule_row(path, number, line) for number, line in lines[1:]]
+    if not edges:
+        raise TopologyError(f"{path}: no edges found")
+    n = 1 + max(max(u, v) for _, u, v in edges)
+    graphs = []
+    for _ in range(1 + max(r for r, _, _ in edges)):
+        graph = nx.DiGraph() if directed else nx.Graph()
+        graph.add_nodes_from(range(n))
+        graphs.append(graph)
+    for rnd, u, v in edges:
+        graphs[rnd].add_edge(u, v)
+    for rnd, graph in enumerate(graphs):
+        graph.graph["name"] = f"{path} (round {rnd})"
+    return graphs, directed
+
+
+def _schedule_row(path: str, number: int, line: str) -> tuple[int, int, int]:
+    fields = [field.strip() for field in line.split(",")]
+    values = [_as_int(field) for field in fields]
+    if len(fields) != 3 or None in values or min(values) < 0:
+        raise TopologyError(f"{path}:{number}: expected 'round,node,node' with whole numbers >= 0, got {line!r}")
+    rnd, u, v = values
+    if u == v:
+        raise TopologyError(f"{path}:{number}: self-loop at node {u}")
+    return rnd, u, v

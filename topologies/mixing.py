@@ -13,7 +13,12 @@ def metropolis_hastings(deg_i: int, deg_j: int) -> float:
 
 
 def neighbour_weight(kind: str, deg_i: int, deg_j: int) -> float:
-    """w_ij from the two degrees alone, so a node can compute its row from what neighbours tell it."""
+    """w_ij from the two degrees alone, so a node can compute its row from what neighbours tell it.
+
+    On a directed graph pass in-degrees (how many nodes i hears from): 'uniform' then
+    averages i with its in-neighbours, and on a graph where every node has one in- and
+    one out-neighbour (one-peer exponential) both kinds give 1/2, a doubly stochastic row.
+    """
     if kind == "mh":
         return metropolis_hastings(deg_i, deg_j)
     if kind == "uniform":

@@ -1,29 +1,43 @@
-"""Time-varying topologies: the graph for a given round."""
+"""Time-varying topologies: the graph for a given round, and schedules of them.
+
+A schedule maps a round r to a graph: `graph(r)`; `key(r)` names the distinct
+graph of round r (rounds with the same key have the same graph), so that a
+caller can build each graph once.
+"""
 from __future__ import annotations
+
+import inspect
+import warnings
 
 import networkx as nx
 import numpy as np
 
-from .errors import TopologyError
-from .spec import build
+from . import files
+from .errors import TopologyError, TopologyWarning
+from .graphs import TOPOLOGIES
+from .spec import build, parse
 
 
-def one_peer_exponential(n: int, t: int) -> nx.Graph:
-    """Round t of the one-peer exponential graph: edges {i, (i + 2^k) mod n} with k = t mod tau.
+def one_peer_exponential(n: int, t: int, directed: bool = False) -> nx.Graph:
+    """Round t of the one-peer exponential graph: edges i -> (i + 2^k) mod n with k = t mod tau.
 
     tau = log2 n when n is a power of two, else floor(log2 n). Each node i sends to
-    i + 2^k and receives from i - 2^k; as an undirected graph that makes every node
-    degree 2, except when 2^k = n/2, where the two coincide and the edges form a
-    perfect matching.
+    i + 2^k and receives from i - 2^k. Directed, that is one out- and one in-neighbour
+    per node. Undirected, every node has degree 2, except when 2^k = n/2, where the
+    two coincide and the edges form a perfect matching.
     """
     if n < 2:
         raise TopologyError(f"one-peer exponential: needs n >= 2, got n={n}")
-    offset = 2 ** (t % (n.bit_length() - 1))  # bit_length - 1 == floor(log2 n), exactly
-    graph = nx.Graph()
+    offset = 2 ** (t % _tau(n))
+    graph = nx.DiGraph() if directed else nx.Graph()
     graph.add_nodes_from(range(n))
     graph.add_edges_from((i, (i + offset) % n) for i in range(n))
     graph.graph["name"] = f"one-peer exponential (round {t})"
     return graph
+
+
+def _tau(n: int) -> int:
+    return n.bit_length() - 1  # == floor(log2 n), exactly
 
 
 def resample(spec: str, n: int | None, seed: int, round_index: int, every: int) -> nx.Graph:
@@ -33,3 +47,77 @@ def resample(spec: str, n: int | None, seed: int, round_index: int, every: int) 
     # SeedSequence mixes the pair well and wants non-negative entropy, hence the modulus.
     epoch_seed = np.random.SeedSequence([seed % 2 ** 64, round_index // every]).generate_state(1)[0]
     return build(spec, n, int(epoch_seed))
+
+
+class Resampled:
+    """A fresh draw of a random topology every `every` rounds."""
+    directed = False
+
+    def __init__(self, spec: str, n: int, seed: int, every: int):
+        name, _ = parse(spec)
+        function = TOPOLOGIES.get(name)
+        if function is None or "seed" not in inspect.signature(function).parameters:
+            random = [k for k, f in TOPOLOGIES.items() if "seed" in inspect.signature(f).parameters]
+            raise TopologyError(f"resample needs a random named topology ({', '.join(random)}), got {spec!r}")
+        if every < 1:
+            raise TopologyError(f"resample: every must be >= 1, got {every}")
+        self.spec, self.num_nodes, self.seed, self.every = spec, n, seed, every
+        self.graph(0)  # a bad spec fails now, not mid-run
+
+    def key(self, rnd: int) -> int:
+        return rnd // self.every
+
+    def graph(self, rnd: int) -> nx.Graph:
+        if rnd < self.every:
+            return resample(self.spec, self.num_nodes, self.seed, rnd, self.every)
+        with warnings.catch_warnings():  # a disconnected draw is reported once, for round 0
+            warnings.simplefilter("ignore", TopologyWarning)
+            return resample(self.spec, self.num_nodes, self.seed, rnd, self.every)
+
+
+class OnePeerExponential:
+    """The directed one-peer exponential graph of each round (period floor(log2 n))."""
+    directed = True
+
+    def __init__(self, n: int):
+        one_peer_exponential(n, 0)  # checks n
+        self.num_nodes = n
+
+    def key(self, rnd: int) -> int:
+        return rnd % _tau(self.num_nodes)
+
+    def graph(self, rnd: int) -> nx.Graph:
+        return one_peer_exponential(self.num_nodes, rnd, directed=True)
+
+
+class FromFile:
+    """Graphs read from a schedule file, one per round; the list repeats when the run is longer."""
+
+    def __init__(self, path: str):
+        self.graphs, self.directed = files.read_schedule(path)
+        self.num_nodes = self.graphs[0].number_of_nodes()
+
+    def key(self, rnd: int) -> int:
+        return rnd % len(self.graphs)
+
+    def graph(self, rnd: int) -> nx.Graph:
+        return self.graphs[self.key(rnd)]
+
+
+SCHEDULES = ("resample:every=K", "one-peer-exponential", "FILE")
+
+
+def schedule(spec: str, topology: str, n: int, seed: int):
+    """The schedule for a --topology-schedule value; `topology` is what `resample` draws from."""
+    spec = spec.strip()
+    name, _, rest = spec.partition(":")
+    if name.replace("_", "-").lower() == "one-peer-exponential" and not rest:
+        return OnePeerExponential(n)
+    if name.lower() == "resample" and not files.looks_like_path(spec):
+        key, _, value = rest.partition("=")
+        if key.strip() != "every" or not value.strip().isdigit():
+            raise TopologyError(f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}")
+        return Resampled(topology, n, seed, int(value))
+    if files.looks_like_path(spec):
+        return FromFile(spec)
+    raise TopologyError(f"unknown schedule {spec!r}; use one of {', '.join(SCHEDULES)}")

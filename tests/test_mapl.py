@@ -1,0 +1,157 @@
+"""MAPL: the learned graph finds the clusters, messages carry exactly prototypes (+ classifier),
+zero-weight links go silent, the paper backbones run, and the w/o-CGL ablation stays uniform."""
+import json
+
+import pytest
+import torch
+
+from emulator import wire
+from emulator.cli import main
+from protocols.mapl import MapLOptions, dissimilarity, learn_row, project_simplex
+
+K = 10  # digits
+SMALL = ["--dataset", "digits", "--quiet", "--no-plots", "--trace"]
+
+
+def emulate(out, *flags) -> dict:
+    assert main([*SMALL, *flags, "--out", str(out)]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+def jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def train_counts(out) -> dict[int, int]:
+    nodes = json.loads((out / "partition.json").read_text())["nodes"]
+    return {n["node"]: sum(n["train"].values()) for n in nodes}
+
+
+def expected_size(rnd: int, samples: int, d_p: int, d_z: int | None) -> int:
+    """The encoded frame of an equivalent MAPL message: K x d_p prototypes (+ K x d_z classifier)."""
+    body = {"prototypes": torch.zeros(K, d_p)}
+    if d_z is not None:
+        body["classifier"] = torch.zeros(K, d_z)
+    if rnd == 0:
+        body["samples"] = samples
+    return len(wire.encode(["mapl", rnd, body]))
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory):
+    """Scenario 1, M = 10, C = 2 on digits, hetero-small, mesh; graph learning from round 3."""
+    out = tmp_path_factory.mktemp("mapl")
+    summary = emulate(out, "--protocol", "mapl", "--nodes", "10", "--rounds", "6", "--t-thr", "3",
+                      "--partition", "mapl:scenario=1", "--model", "hetero-small")
+    return out, summary
+
+
+def test_learned_graph_puts_the_weight_on_the_own_cluster(clusters):
+    out, summary = clusters
+    cluster = {n["node"]: n["cluster"] for n in json.loads((out / "partition.json").read_text())["nodes"]}
+    last = [row for row in jsonl(out / "graph.jsonl") if row["round"] == 5]
+    assert len(last) == 10
+    for row in last:
+        weights = {int(j): w for j, w in row["weights"].items()}
+        assert sum(weights.values()) == pytest.approx(1.0, abs=1e-5)
+        assert sum(w for j, w in weights.items() if cluster[j] == cluster[row["node"]]) >= 0.9
+        assert summary["collaboration_graph"][str(row["node"])] == row["weights"]
+    assert min(summary["within_cluster_weight"].values()) >= 0.9
+    assert summary["within_cluster_weight_mean"] >= 0.9
+    # before T_thr the graph is the uniform one over the mesh
+    first = [row for row in jsonl(out / "graph.jsonl") if row["round"] == 2]
+    assert all(w == pytest.approx(0.1) for row in first for w in row["weights"].values())
+
+
+def test_messages_are_prototypes_then_classifier_and_framing(clusters):
+    out, _ = clusters
+    counts = train_counts(out)
+    messages = [m for m in jsonl(out / "messages.jsonl") if m["kind"] == "mapl"]
+    assert {m["round"] for m in messages} == set(range(6))
+    for m in messages:
+        d_z = 128 if m["round"] >= 3 else None
+        assert m["bytes"] == expected_size(m["round"], counts[m["src"]], 128, d_z)
+        floats = 4 * K * (128 + (d_z or 0))
+        assert floats < m["bytes"] <= floats + 256  # no backbone, only a small frame around the floats
+    # one message per directed edge per round while the link lives
+    before_cgl = [m for m in messages if m["round"] < 3]
+    assert len(before_cgl) == 3 * 10 * 9
+    assert len({(m["src"], m["dst"], m["round"]) for m in messages}) == len(messages)
+
+
+def test_zero_weight_links_go_silent(clusters):
+    out, _ = clusters
+    zero_since = {}
+    for row in jsonl(out / "graph.jsonl"):
+        for j, w in row["weights"].items():
+            if w == 0 and (row["node"], int(j)) not in zero_since:
+                zero_since[row["node"], int(j)] = row["round"]
+    assert len(zero_since) >= 10 * 5  # the other cluster at least
+    messages = jsonl(out / "messages.jsonl")
+    for m in messages:
+        dropped = zero_since.get((m["src"], m["dst"]))
+        assert dropped is None or m["round"] <= dropped
+    # the only traffic on a link in the round it is dropped, besides the data, is a tiny drop notice
+    notices = [m for m in messages if m["kind"] == "drop"]
+    assert notices and all(m["bytes"] < 64 and m["round"] == zero_since[m["src"], m["dst"]] for m in notices)
+
+
+def test_without_cgl_weights_stay_uniform_and_no_classifier_is_sent(tmp_path):
+    summary = emulate(tmp_path, "--protocol", "mapl", "--mapl-no-cgl", "--nodes", "4", "--rounds", "3",
+                      "--topology", "ring", "--d-z", "32", "--d-p", "16", "--hidden", "32")
+    for row in jsonl(tmp_path / "graph.jsonl"):
+        assert row["weights"] == {str(j): pytest.approx(1 / 3) for j in row["weights"]}
+        assert len(row["weights"]) == 3  # itself and its two ring neighbours
+    counts = train_counts(tmp_path)
+    messages = jsonl(tmp_path / "messages.jsonl")
+    assert len(messages) == 3 * 4 * 2 == summary["messages_total"]
+    assert all(m["kind"] == "mapl" and m["bytes"] == expected_size(m["round"], counts[m["src"]], 16, None)
+               for m in messages)
+
+
+def test_paper_backbones_run_end_to_end(tmp_path):
+    summary = emulate(tmp_path, "--protocol", "mapl", "--model", "hetero", "--nodes", "4", "--rounds", "2",
+                      "--t-thr", "1", "--partition", "mapl:scenario=1,samples=6,test=2",
+                      "--d-z", "32", "--d-p", "16", "--hidden", "32", "--batch-size", "16", "--local-epochs", "1")
+    models = [n["model"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]]
+    assert models == ["resnet18", "shufflenet", "googlenet", "alexnet"]
+    rows = jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 8 and all(0 <= r["test_acc"] <= 1 and r["train_loss"] > 0 for r in rows)
+    assert summary["final"]["heard_from"] > 0
+
+
+def test_mapl_plus_sends_and_averages_backbones_only_when_homogeneous(tmp_path):
+    assert main(["--protocol", "mapl+", "--model", "hetero-small", "--quiet", "--out", str(tmp_path / "bad")]) == 2
+    summary = emulate(tmp_path, "--protocol", "mapl+", "--model", "mlp", "--nodes", "2", "--rounds", "1",
+                      "--d-z", "32", "--d-p", "16", "--hidden", "32")
+    backbone = 4 * (64 * 256 + 256 + 256 * 32 + 32)  # the mlp backbone's floats on 8x8 digits
+    assert summary["bytes_total"] > 2 * backbone
+
+
+def test_project_simplex():
+    assert torch.allclose(project_simplex(torch.tensor([0.2, 0.3, 0.5])), torch.tensor([0.2, 0.3, 0.5]))
+    assert torch.allclose(project_simplex(torch.tensor([2.0, 0.0])), torch.tensor([1.0, 0.0]))
+    assert torch.allclose(project_simplex(torch.tensor([0.3, 0.3, -1.0])), torch.tensor([0.5, 0.5, 0.0]))
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        v = torch.randn(7, generator=generator, dtype=torch.float64) * 2
+        w = project_simplex(v)
+        assert (w >= 0).all() and w.sum() == pytest.approx(1.0)
+        # optimality: w = max(v - theta, 0) with one theta, and no feasible point is closer to v
+        theta = (v - w)[w > 0]
+        assert torch.allclose(theta, theta[0].expand_as(theta)) and ((v - theta[0])[w == 0] <= 1e-12).all()
+        spread = -torch.log(torch.rand(200, 7, generator=generator, dtype=torch.float64))
+        others = spread / spread.sum(1, keepdim=True)  # uniform points of the simplex
+        assert ((others - v).norm(dim=1) >= (w - v).norm() - 1e-12).all()
+
+
+def test_one_graph_step_separates_two_clusters_of_five():
+    # node 0 of a 10-node mesh: neighbours 1-4 share its classes, 5-9 do not (authors' step rule)
+    c = torch.tensor([0.9, 0.8, 0.9, 0.85, -0.2, 0.05, 0.1, -0.1, 0.0])
+    w = learn_row(torch.full((10,), 0.1), dissimilarity(c, "max"), torch.full((10,), 0.1), MapLOptions())
+    assert torch.allclose(w, torch.tensor([0.2] * 5 + [0.0] * 5), atol=1e-6)
+
+
+def test_max_normalisation_never_flips_signs():
+    assert torch.equal(dissimilarity(torch.tensor([-0.5, -0.25]), "max"), torch.tensor([-1.0, 0.5, 0.25]))
+    assert torch.equal(dissimilarity(torch.tensor([0.5, 0.25]), "max"), torch.tensor([-1.0, -1.0, -0.5]))
