@@ -91,7 +91,8 @@ def metric_plots(run: Run, plots: Path) -> list[Path]:
         fig = _figure()
         ax = fig.add_subplot()
         nodes = np.stack([_node_x(curves, axis), curves.values], axis=-1)  # (N, R, 2): one line per node
-        ax.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7), autolim=True)
+        ax.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7, label="each node"),
+                          autolim=True)
         _band(ax, _mean_x(curves, axis), curves, "C0", linewidth=2, label="mean ± std over nodes")
         _label_axes(ax, axis, curves.metric)
         ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
@@ -159,7 +160,7 @@ def _topology_plot(run: Run, n: int, sent: dict[tuple[int, int], int], plots: Pa
     if n <= 40:
         nx.draw_networkx_labels(graph, pos, ax=ax, font_size=7)
     ax.set_axis_off()
-    ax.set_title(f"{run.name}: topology, edge width ∝ bytes (max {EngFormatter(unit='B')(heaviest)})",
+    ax.set_title(f"{run.name}: topology, edge width ∝ bytes (max {EngFormatter(unit='B', places=1)(heaviest)})",
                  fontsize=9)
     return _save(fig, plots / "link_bytes_topology.png")
 
@@ -277,6 +278,9 @@ def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
             ax = fig.add_subplot()
             for k, (run, curves) in enumerate(drawn):
                 _band(ax, _mean_x(curves, axis), curves, f"C{k % 10}", linewidth=1.8, label=run.name)
+            finals = [c.cumulative_bytes[-1] for _, c in drawn] if axis == "bytes" else []
+            if finals and max(finals) > 20 * min(finals):  # runs far apart in bytes: linear would squash the cheap ones
+                ax.set_xscale("log")  # before _label_axes: setting the scale resets the tick formatter
             _label_axes(ax, axis, f"{metric} (mean ± std over nodes)")
             ax.legend(fontsize=7)
             written.append(_save(fig, out / f"{metric}_vs_{axis}.png"))

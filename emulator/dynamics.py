@@ -26,12 +26,12 @@ import csv
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 import topologies
+from topologies.files import numbered_lines
 
 from . import units
 from .errors import UsageError
@@ -62,7 +62,7 @@ def _params(text: str, flag: str, required: tuple[str, ...], optional: tuple[str
 
 
 def _syntax(required, optional) -> str:
-    return ",".join([f"{k}=.." for k in required] + [f"[{k}=..]" for k in optional])
+    return ",".join(f"{k}=.." for k in required) + "".join(f"[,{k}=..]" for k in optional)
 
 
 def _period(text: str, flag: str, key: str) -> float:
@@ -201,17 +201,10 @@ def _group(flag: str, text: str, n: int | None) -> tuple[int, ...]:
 
 def read_availability(path: str, n: int) -> list[tuple[int, float, float]]:
     """A trace file: CSV with header node,t_down,t_up; t_up empty or inf: never comes back."""
-    flag = f"--availability {path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{flag}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{flag}: not a UTF-8 text file") from None
-    rows = [(number, row) for number, row in enumerate(csv.reader(text.splitlines()), 1)
-            if row and not row[0].strip().startswith("#")]
+    lines = numbered_lines(path, "availability file", ScenarioError)
+    rows = [(number, next(csv.reader([line]))) for number, line in lines]
     if not rows or [cell.strip().lower() for cell in rows[0][1]] != ["node", "t_down", "t_up"]:
-        raise ScenarioError(f"{flag}: expected a CSV header node,t_down,t_up")
+        raise ScenarioError(f"--availability {path}: expected a CSV header node,t_down,t_up")
     outages = sorted(_outage(path, number, row, n) for number, row in rows[1:])
     for (node, _, end, _), (other, start, _, number) in zip(outages, outages[1:]):
         if node == other and start < end:

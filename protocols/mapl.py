@@ -15,8 +15,8 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
      projection onto the simplex.
   4. xi_i <- w_ii xi_i + sum_j w_ij xi_j; a neighbour not heard from this round
      leaves its weight with i.
-  5. Sparsification: once w_ij = 0 (below 1e-6: float residue of the projection),
-     i drops j: it tells j so (a "drop" message of a few bytes, this round) and
+  5. Sparsification: once w_ij = 0 (below --zero-weight, 1e-4: the authors' sign
+     steps can leave a weight at a few 1e-6 round after round), i drops j: it tells j so (a "drop" message of a few bytes, this round) and
      never sends to j nor waits for j again. j drops i on hearing it (before its
      next send; its weight on i is spread over the rest of its row), so a link
      dies in both directions. (A drop notice lost on a lossy link leaves j
@@ -71,7 +71,6 @@ from .base import LearningProtocol
 KIND, DROP = "mapl", "drop"
 ADAM_BETA2 = 0.999  # paper and code
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
-ZERO_WEIGHT = 1e-6  # below this w_ij is float residue of the projection: a zero
 
 
 def _workload_default(name: str, value):
@@ -111,6 +110,9 @@ class MapLOptions(WorkloadOptions):
     graph_steps: int = field(default=1, metadata=_help("MAPL: graph-learning steps per round (E_g)"))
     degree_barrier: bool = field(default=False, metadata=_help(
         "MAPL: let -log(deg_i) push w_i (paper); the code holds deg_i constant"))
+    zero_weight: float = field(default=1e-4, metadata=_help(
+        "MAPL: a learned w_ij below this counts as 0 and the link is dropped (sign steps can park a "
+        "weight at a few 1e-6 for good)"))
     no_sparsify: bool = field(default=False, metadata=_help(
         "MAPL: keep sending to zero-weight neighbours (the authors' code)"))
     mapl_no_cgl: bool = field(default=False, metadata=_help(
@@ -131,6 +133,8 @@ class MapLOptions(WorkloadOptions):
             raise UsageError("--t-thr must be -1 or a round, --mu1/--mu2/--beta/--weight-decay not negative")
         if not 0 < self.crop_scale <= 1:
             raise UsageError(f"--crop-scale {self.crop_scale}: must be in (0, 1]")
+        if not 0 <= self.zero_weight < 1:
+            raise UsageError(f"--zero-weight {self.zero_weight}: must be in [0, 1)")
         if not 0 <= self.adam_beta1 < 1:
             raise UsageError(f"--adam-beta1 {self.adam_beta1}: must be in [0, 1)")
 
@@ -287,9 +291,9 @@ class CollaborationRow:
                       counts / counts.sum(), o)
         self.weights = dict(zip(nodes, w.tolist()))
 
-    def sparsify(self) -> list[int]:
-        """Drop the neighbours whose weight is zero; returns them."""
-        dropped = [j for j in self.peers if self.weights[j] < ZERO_WEIGHT]
+    def sparsify(self, zero_weight: float) -> list[int]:
+        """Drop the neighbours whose weight counts as zero; returns them."""
+        dropped = [j for j in self.peers if self.weights[j] < zero_weight]
         for j in dropped:
             self.drop(j)
         return dropped
@@ -302,7 +306,6 @@ class CollaborationRow:
     def mix(self, own: torch.Tensor, received: dict[int, torch.Tensor]) -> torch.Tensor:
         self_weight, others = self.mixing(received)
         return sum((w * received[j] for w, j in others), self_weight * own)
-
 
 
 def cluster_mass(weights: dict[int, float], me: int, clusters: list) -> float:
@@ -358,7 +361,7 @@ class MAPL(LearningProtocol):
                 self_weight, others = row.mixing(heard)
                 mix(model.backbone, self_weight, [(w, heard[j].body["backbone"]) for w, j in others])
             if not o.no_sparsify:
-                node.broadcast(DROP, None, to=[j for j in row.sparsify() if j in current])
+                node.broadcast(DROP, None, to=[j for j in row.sparsify(o.zero_weight) if j in current])
             self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), len(heard))
 
     def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:

@@ -7,7 +7,7 @@ import torch
 
 from emulator import wire
 from emulator.cli import main
-from protocols.mapl import MapLOptions, dissimilarity, learn_row, project_simplex
+from protocols.mapl import CollaborationRow, MapLOptions, dissimilarity, learn_row, project_simplex
 
 K = 10  # digits
 SMALL = ["--dataset", "digits", "--quiet", "--no-plots", "--trace"]
@@ -94,6 +94,21 @@ def test_zero_weight_links_go_silent(clusters):
     # the only traffic on a link in the round it is dropped, besides the data, is a tiny drop notice
     notices = [m for m in messages if m["kind"] == "drop"]
     assert notices and all(m["bytes"] < 64 and m["round"] == zero_since[m["src"], m["dst"]] for m in notices)
+
+
+def test_no_data_crosses_the_clusters_once_the_graph_has_settled(clusters):
+    out, _ = clusters
+    cluster = {n["node"]: n["cluster"] for n in json.loads((out / "partition.json").read_text())["nodes"]}
+    late = [m for m in jsonl(out / "messages.jsonl") if m["round"] >= 4 and m["kind"] == "mapl"]
+    assert late and all(cluster[m["src"]] == cluster[m["dst"]] for m in late)
+
+
+def test_a_weight_parked_just_above_zero_is_dropped():
+    # The authors' sign steps can hold a weight at a few 1e-6 round after round (seen on digits, M = 10).
+    row = CollaborationRow(0, [1, 2, 3], samples=100)
+    row.weights = {0: 0.5, 1: 0.5 - 3e-6, 2: 3e-6, 3: 0.0}
+    assert row.sparsify(MapLOptions().zero_weight) == [2, 3]
+    assert row.peers == [1] and sum(row.weights.values()) == pytest.approx(1.0)
 
 
 def test_without_cgl_weights_stay_uniform_and_no_classifier_is_sent(tmp_path):

@@ -43,15 +43,20 @@ def _read_graphml(path: str) -> nx.Graph:
         raise TopologyError(f"{path}: malformed GraphML: {exc}") from None
 
 
-def _read_edgelist(path: str) -> nx.Graph:
+def numbered_lines(path: str, what: str = "topology file", error: type[Exception] = TopologyError):
+    """The non-blank lines of a UTF-8 text file as (line number, text), `#` comments removed."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise TopologyError(f"cannot read topology file {path}: {exc.strerror or exc}") from None
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise TopologyError(f"{path}: not a UTF-8 text file") from None
+        raise error(f"{path}: not a UTF-8 text file") from None
     lines = [(number, line.split("#", 1)[0].strip()) for number, line in enumerate(text.splitlines(), 1)]
-    lines = [(number, line) for number, line in lines if line]
+    return [(number, line) for number, line in lines if line]
+
+
+def _read_edgelist(path: str) -> nx.Graph:
+    lines = numbered_lines(path)
     header = [field.strip() for field in next(csv.reader([lines[0][1]]))] if lines else []
     if [field.lower() for field in header[:2]] == ["src", "dst"]:
         rows = _csv_rows(path, header, lines[1:])
@@ -135,14 +140,7 @@ def read_schedule(path: str) -> tuple[list[nx.Graph], bool]:
     There are max(node) + 1 nodes and max(round) + 1 graphs; a round without rows
     has no edges. Lines may carry `#` comments.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TopologyError(f"cannot read schedule file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TopologyError(f"{path}: not a UTF-8 text file") from None
-    lines = [(number, line.split("#", 1)[0].strip()) for number, line in enumerate(text.splitlines(), 1)]
-    lines = [(number, line) for number, line in lines if line]
+    lines = numbered_lines(path, "schedule file")
     header = tuple(field.strip().lower() for field in lines[0][1].split(",")) if lines else ()
     if header not in SCHEDULE_HEADERS:
         raise TopologyError(f"{path}: expected a header 'round,src,dst' (undirected) or "
