@@ -21,6 +21,7 @@ import yaml
 
 from . import config as cfg
 from . import wire
+from .clock import DeadlockError
 from .errors import UsageError
 from .protocol import protocols
 from .units import UnitError
@@ -88,7 +89,12 @@ def read_config_file(path: str) -> dict:
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
-    """Config-file values take the type of the default they replace; a list for a text setting is ';'-joined."""
+    """Config-file values take the type of the default they replace; a list for a text setting is ';'-joined,
+    false (YAML off) for one is 'none'."""
+    if value is None:  # YAML null: the default
+        return default
+    if isinstance(default, str) and value is False:  # YAML off / no / false
+        return "none"
     if isinstance(default, str) and isinstance(value, list):
         return ";".join(str(item) for item in value)
     if default is None or isinstance(value, type(default)) and not (isinstance(value, bool) ^ isinstance(default, bool)):
@@ -158,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, UnitError) as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)
         return 2
+    except DeadlockError as exc:  # a protocol that waits with no timeout: its bug, not bad input
+        print(f"emulate: error: {exc}; the run directory is incomplete", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
         return 130

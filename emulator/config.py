@@ -116,6 +116,8 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"--nodes {config.nodes}: need at least 1 node")
     if config.rounds < 0:
         raise ConfigError(f"--rounds {config.rounds}: must not be negative")
+    if config.seed < 0:
+        raise ConfigError(f"--seed {config.seed}: must not be negative")
     if not config.time_scale > 0:
         raise ConfigError(f"--time-scale {config.time_scale}: must be positive")
     _choice(config.clock, CLOCKS, "clock")

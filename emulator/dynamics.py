@@ -9,13 +9,16 @@ What they mean for a run:
   `Node.compute` waits until the node is online, and compute time that overlaps an outage
   does not count: the job finishes later by that much. A node that comes back carries on
   from where it was (same round, same state).
-- A crashed node is offline for good: its coroutine is cancelled at the crash, its
+- A crashed node (--crash, or a trace outage that never ends) is offline for good: its coroutine is cancelled at the crash, its
   unfinished round leaves no row, and rounds close without it.
 - A link failure or a partition drops a message at send with cause `link_down`; its
   bytes count as sent, as for a loss.
 - A message already on the wire is delivered when its sender goes offline, its edge
   fails or its edge leaves a time-varying graph after the send: its bits had left.
-  (It is still dropped if its receiver is offline when it arrives.)
+  (It is still dropped if its receiver is offline when it arrives.) A message still
+  queued at its sender (behind earlier ones on a busy link or uplink) when the sender
+  goes offline or the edge fails never leaves: it drops when its turn comes, cause
+  `offline` or `link_down`, its bytes counted as sent, as for a loss.
 Churn keeps scheduling events for as long as the run lasts, so with churn a protocol
 that waits without a timeout on a peer that never sends hangs instead of raising
 DeadlockError; every shipped protocol waits with a timeout.
@@ -200,7 +203,7 @@ def _group(flag: str, text: str, n: int | None) -> tuple[int, ...]:
 
 
 def read_availability(path: str, n: int) -> list[tuple[int, float, float]]:
-    """A trace file: CSV with header node,t_down,t_up; t_up empty or inf: never comes back."""
+    """A trace file: CSV with header node,t_down,t_up; t_up empty or inf: never comes back (a crash)."""
     lines = numbered_lines(path, "availability file", ScenarioError)
     rows = [(number, next(csv.reader([line]))) for number, line in lines]
     if not rows or [cell.strip().lower() for cell in rows[0][1]] != ["node", "t_down", "t_up"]:
@@ -269,7 +272,7 @@ class Scenario:
 
 
 def scenario(config, n: int, schedule=None) -> Scenario:
-    availability = str(config.availability or "").strip()
+    availability = "" if _off(config.availability) else str(config.availability).strip()
     if schedule is not None and schedule.num_nodes != n:
         raise ScenarioError(f"--topology-schedule {config.topology_schedule}: has {schedule.num_nodes} nodes, "
                             f"the run {n}")
@@ -300,8 +303,10 @@ class Availability:
         """Put the outages on the clock; call it from inside the running loop."""
         s = self.scenario
         for node, t_down, t_up in s.outages:
-            self._at(t_down, self._down, node)
-            if t_up != math.inf:
+            if t_up == math.inf:  # never back: a crash
+                self._at(t_down, self._crash, [node])
+            else:
+                self._at(t_down, self._down, node)
                 self._at(t_up, self._up, node)
         if s.churn:
             for node in self._churning(s.churn):
@@ -350,6 +355,8 @@ class Availability:
 
     def _crash(self, nodes: list[int]) -> None:
         for node in nodes:
+            if node in self.crashed:  # a trace and --crash may both end it
+                continue
             self.crashed.add(node)
             self._down(node)
             self.on_crash(node)

@@ -129,7 +129,7 @@ class Capacity:
 
 class Link:
     __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "rng", "loss_state",
-                 "free_at", "last_arrival", "up", "down", "counters")
+                 "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
     def __init__(self, src: int, dst: int, spec: LinkSpec, seed: int, up: Capacity, down: Capacity,
                  counters: list[int] | None = None):
@@ -139,7 +139,7 @@ class Link:
         # One generator per link, so a link's fate does not depend on traffic elsewhere.
         self.rng = random.Random(f"{seed}:{src}:{dst}")
         self.loss_state = [False]
-        self.free_at = 0.0
+        self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
         self.up, self.down = up, down
 
@@ -147,7 +147,7 @@ class Link:
         """Occupy the link for the message; return its arrival time, or None when it is lost."""
         up = self.up
         rate = min(self.bandwidth, up.rate)
-        start = max(now, self.free_at, up.free_at)
+        start = self.last_start = max(now, self.free_at, up.free_at)
         end = start + 8.0 * nbytes / rate if rate != math.inf else start
         self.free_at = end
         if up.rate != math.inf:

@@ -3,7 +3,8 @@
 A message is encoded once at send, its exact size goes on the ledger, and it is
 decoded at the receiver on arrival; bytes that fail to decode are dropped as
 corrupt. Drops at send: over_limit, offline (sender), link_down (failed edge or
-partition); on the way: loss; at arrival: offline (receiver), corrupt. A message
+partition); when a message queued behind others gets its turn: offline (sender),
+link_down; on the way: loss; at arrival: offline (receiver), corrupt. A message
 already in flight when its edge disappears from a time-varying graph, or fails,
 or when its sender goes offline, is still delivered: its bits had left the sender.
 """
@@ -82,7 +83,8 @@ class Network:
 
     def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seed: int, *,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
-                 compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None):
+                 compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
+                 nodes_change: bool = False):
         self.clock, self.ledger, self.spec, self.seed = clock, ledger, spec, seed
         self.compress, self.max_message_bytes = compress, max_message_bytes
         self.num_nodes = n = graph.number_of_nodes()
@@ -91,6 +93,8 @@ class Network:
         self.mailboxes = [Mailbox() for _ in range(n)]
         self.online = [True] * n
         self.faults = faults
+        # Whether a message queued at its sender must be checked again when its turn comes.
+        self.senders_change = nodes_change or faults is not None
         # Quantising compressors draw from the sender's own generator.
         self.wire_rngs = [np.random.default_rng([seed, node, 0x57]) for node in range(n)]
         self.links: dict[tuple[int, int], Link] = {}
@@ -181,7 +185,18 @@ class Network:
         arrival = link.transmit(now, nbytes)
         if arrival is None:
             return self._drop(link, "loss", trace)
-        self.clock.schedule(arrival, self._arrive, link, rnd, frame, now, arrival, trace)
+        if self.senders_change and link.last_start > now:
+            self.clock.schedule(link.last_start, self._start, link, rnd, frame, now, arrival, trace)
+        else:
+            self.clock.schedule(arrival, self._arrive, link, rnd, frame, now, arrival, trace)
+
+    def _start(self, link: Link, rnd, frame, t_send, arrival, trace) -> None:
+        """A queued message's turn: it leaves only if its sender and its edge are still up."""
+        if not self.online[link.src]:
+            return self._drop(link, "offline", trace)
+        if self.faults is not None and self.faults.down(link.src, link.dst, self.clock.now):
+            return self._drop(link, "link_down", trace)
+        self.clock.schedule(arrival, self._arrive, link, rnd, frame, t_send, arrival, trace)
 
     def _drop(self, link: Link, cause: str, trace: list | None) -> None:
         self.ledger.dropped(link.counters, cause)

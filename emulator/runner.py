@@ -139,7 +139,8 @@ class Emulation:
                                downlink=_capacities(graph, "downlink", config.downlink, config.seed),
                                compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
                                schedule=scenario.schedule,
-                               faults=dynamics.LinkFaults(scenario, config.seed) if scenario.links_change else None)
+                               faults=dynamics.LinkFaults(scenario, config.seed) if scenario.links_change else None,
+                               nodes_change=scenario.nodes_change)
         self.compute_model = cfg.compute_model(config, n)
         self.recorder = Recorder(n, self.ledger, protocol.observe, on_round)
         self.availability = (dynamics.Availability(scenario, self.network.online, self.clock, config.seed,

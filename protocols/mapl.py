@@ -15,7 +15,7 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
      projection onto the simplex.
   4. xi_i <- w_ii xi_i + sum_j w_ij xi_j; a neighbour not heard from this round
      leaves its weight with i.
-  5. Sparsification: once w_ij = 0 (below --zero-weight, 1e-4: the authors' sign
+  5. Sparsification: once w_ij = 0 (at most --zero-weight, 1e-4: the authors' sign
      steps can leave a weight at a few 1e-6 round after round), i drops j: it tells j so (a "drop" message of a few bytes, this round) and
      never sends to j nor waits for j again. j drops i on hearing it (before its
      next send; its weight on i is spread over the rest of its row), so a link
@@ -111,7 +111,7 @@ class MapLOptions(WorkloadOptions):
     degree_barrier: bool = field(default=False, metadata=_help(
         "MAPL: let -log(deg_i) push w_i (paper); the code holds deg_i constant"))
     zero_weight: float = field(default=1e-4, metadata=_help(
-        "MAPL: a learned w_ij below this counts as 0 and the link is dropped (sign steps can park a "
+        "MAPL: a learned w_ij at or below this counts as 0 and the link is dropped (sign steps can park a "
         "weight at a few 1e-6 for good)"))
     no_sparsify: bool = field(default=False, metadata=_help(
         "MAPL: keep sending to zero-weight neighbours (the authors' code)"))
@@ -293,7 +293,7 @@ class CollaborationRow:
 
     def sparsify(self, zero_weight: float) -> list[int]:
         """Drop the neighbours whose weight counts as zero; returns them."""
-        dropped = [j for j in self.peers if self.weights[j] < zero_weight]
+        dropped = [j for j in self.peers if self.weights[j] <= zero_weight]
         for j in dropped:
             self.drop(j)
         return dropped

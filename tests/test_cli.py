@@ -108,6 +108,7 @@ BAD_INPUT = [
     (["--frobnicate"], "--frobnicate"),
     (["--dataset", "digits"], "--dataset"),  # gossip has no dataset
     (["--compress", "zip"], "--compress"),
+    (["--seed", "-1"], "--seed"),
 ]
 
 

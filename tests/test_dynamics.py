@@ -118,6 +118,47 @@ def test_messages_to_and_from_an_offline_node_are_dropped(tmp_path):
     assert emulation.ledger.totals()["dropped_offline"] == 2
 
 
+@pytest.mark.parametrize("cause", ["offline", "link_down"])
+def test_a_message_still_queued_when_its_sender_goes_down_never_leaves(tmp_path, cause):
+    # Three 125 kB messages on a 1 Mbps link take 1 s each: at t = 0.5 the first is on the
+    # wire (delivered at 1 s); the other two are still queued and drop when their turn comes.
+    got = []
+
+    async def run(node):
+        if node.id == 0:
+            for k in range(3):
+                node.send(1, "blob", bytes(125_000))
+        else:
+            while (message := await node.recv(timeout=5.0)) is not None:
+                got.append(message.t_arrive)
+
+    settings = ({"availability": _trace_file(tmp_path, [(0, 0.5, 10.0)])} if cause == "offline"
+                else {"partition_event": "t=0.5s:groups=0|1:heal=10s"})  # sender down, or the edge
+    emulation = emulate(run, nx.path_graph(2), bandwidth="1Mbps", trace=True, **settings)
+    assert got == [pytest.approx(1.0, rel=1e-3)]
+    assert [r[7] for r in emulation.ledger.trace] == ["delivered", cause, cause]
+    totals = emulation.ledger.totals()
+    assert totals[f"dropped_{cause}"] == 2 and totals["bytes_total"] == 3 * emulation.ledger.trace[0][4]
+
+
+def test_an_outage_that_never_ends_is_a_crash(tmp_path):
+    trace = _trace_file(tmp_path, [(1, 0.05, "")])
+    run = _run(tmp_path / "never", "--protocol", "gossip", "--nodes", "4", "--topology", "ring", "--rounds", "20",
+               "--timeout", "0.05", "--availability", trace)
+    assert run["summary"]["crashed"] == [1]
+    rounds = _rounds_by_node(run["metrics"])
+    assert len(rounds[1]) < 20 and all(rounds[node] == list(range(20)) for node in (0, 2, 3))
+    assert _jsonl(run["out"] / "availability.jsonl") == [{"node": 1, "t_down": 0.05, "t_up": None}]
+
+
+def test_yaml_off_and_null_switch_a_fault_off(tmp_path):
+    config = tmp_path / "scenario.yaml"
+    config.write_text("protocol: gossip\nrounds: 3\nchurn: off\navailability: null\nlink_failures: no\n")
+    run = _run(tmp_path / "off", "--config", str(config))
+    assert len(run["metrics"]) == 3 * 10 and "crashed" not in run["summary"]
+    assert not (run["out"] / "availability.jsonl").exists()
+
+
 # -- crash -------------------------------------------------------------------------------
 
 def test_crash_of_half_the_nodes_mid_run_leaves_the_others_running(tmp_path):
@@ -332,6 +373,17 @@ def test_bad_availability_file_exits_2(content, named, tmp_path, capsys):
     assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), "--availability", str(trace)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], lines
+
+
+def test_a_schedule_file_keeps_only_the_rounds_it_names(tmp_path):
+    schedule = tmp_path / "far.csv"
+    schedule.write_text("round,src,dst\n0,0,1\n1000000,1,2\n")
+    far = topologies.schedules.FromFile(str(schedule))
+    assert (far.period, sorted(far.graphs), far.num_nodes) == (1_000_001, [0, 1_000_000], 3)
+    assert far.graph(1).number_of_edges() == 0 and list(far.graph(1_000_000).edges) == [(1, 2)]
+    run = _run(tmp_path / "far", "--protocol", "gossip", "--rounds", "2", "--timeout", "0.05",
+               "--topology-schedule", str(schedule))
+    assert run["summary"]["messages_total"] == 2  # round 0: 0 <-> 1; round 1: no edges
 
 
 def test_bad_schedule_file_exits_2(tmp_path, capsys):

@@ -109,6 +109,9 @@ def test_a_weight_parked_just_above_zero_is_dropped():
     row.weights = {0: 0.5, 1: 0.5 - 3e-6, 2: 3e-6, 3: 0.0}
     assert row.sparsify(MapLOptions().zero_weight) == [2, 3]
     assert row.peers == [1] and sum(row.weights.values()) == pytest.approx(1.0)
+    exact = CollaborationRow(0, [1, 2], samples=100)
+    exact.weights = {0: 0.5, 1: 0.5 - 3e-6, 2: 3e-6}
+    assert exact.sparsify(0.0) == [] and exact.sparsify(1e-5) == [2]
 
 
 def test_without_cgl_weights_stay_uniform_and_no_classifier_is_sent(tmp_path):

@@ -133,12 +133,13 @@ def _as_int(label) -> int | None:
 SCHEDULE_HEADERS = {("round", "src", "dst"): False, ("round", "sender", "receiver"): True}
 
 
-def read_schedule(path: str) -> tuple[list[nx.Graph], bool]:
+def read_schedule(path: str) -> tuple[dict[int, nx.Graph], int, int, bool]:
     """A topology schedule file: CSV, one edge per row, rounds 0, 1, ... in any order.
 
     Header `round,src,dst`: undirected edges; `round,sender,receiver`: directed ones.
-    There are max(node) + 1 nodes and max(round) + 1 graphs; a round without rows
-    has no edges. Lines may carry `#` comments.
+    Returns (graph of each round that has rows, period = max(round) + 1,
+    n = max(node) + 1, directed); a round without rows has no edges. Lines may
+    carry `#` comments.
     """
     lines = numbered_lines(path, "schedule file")
     header = tuple(field.strip().lower() for field in lines[0][1].split(",")) if lines else ()
@@ -150,16 +151,20 @@ def read_schedule(path: str) -> tuple[list[nx.Graph], bool]:
     if not edges:
         raise TopologyError(f"{path}: no edges found")
     n = 1 + max(max(u, v) for _, u, v in edges)
-    graphs = []
-    for _ in range(1 + max(r for r, _, _ in edges)):
-        graph = nx.DiGraph() if directed else nx.Graph()
-        graph.add_nodes_from(range(n))
-        graphs.append(graph)
+    graphs: dict[int, nx.Graph] = {}
     for rnd, u, v in edges:
+        if rnd not in graphs:
+            graphs[rnd] = empty_round(path, rnd, n, directed)
         graphs[rnd].add_edge(u, v)
-    for rnd, graph in enumerate(graphs):
-        graph.graph["name"] = f"{path} (round {rnd})"
-    return graphs, directed
+    return graphs, 1 + max(graphs), n, directed
+
+
+def empty_round(path: str, rnd: int, n: int, directed: bool) -> nx.Graph:
+    """Round `rnd` of a schedule file before its edges: n nodes, no edges."""
+    graph = nx.DiGraph() if directed else nx.Graph()
+    graph.add_nodes_from(range(n))
+    graph.graph["name"] = f"{path} (round {rnd})"
+    return graph
 
 
 def _schedule_row(path: str, number: int, line: str) -> tuple[int, int, int]:

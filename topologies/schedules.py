@@ -94,14 +94,16 @@ class FromFile:
     """Graphs read from a schedule file, one per round; the list repeats when the run is longer."""
 
     def __init__(self, path: str):
-        self.graphs, self.directed = files.read_schedule(path)
-        self.num_nodes = self.graphs[0].number_of_nodes()
+        self.path = path
+        self.graphs, self.period, self.num_nodes, self.directed = files.read_schedule(path)
 
     def key(self, rnd: int) -> int:
-        return rnd % len(self.graphs)
+        return rnd % self.period
 
     def graph(self, rnd: int) -> nx.Graph:
-        return self.graphs[self.key(rnd)]
+        key = self.key(rnd)
+        graph = self.graphs.get(key)
+        return graph if graph is not None else files.empty_round(self.path, key, self.num_nodes, self.directed)
 
 
 SCHEDULES = ("resample:every=K", "one-peer-exponential", "FILE")
