@@ -9,8 +9,9 @@ What they mean for a run:
   `Node.compute` waits until the node is online, and compute time that overlaps an outage
   does not count: the job finishes later by that much. A node that comes back carries on
   from where it was (same round, same state).
-- A crashed node (--crash, or a trace outage that never ends) is offline for good: its coroutine is cancelled at the crash, its
-  unfinished round leaves no row, and rounds close without it.
+- A crashed node (--crash, or a trace outage that never ends) is offline for good:
+  its coroutine is cancelled at the crash, its unfinished round leaves no row, and
+  rounds close without it.
 - A link failure or a partition drops a message at send with cause `link_down`; its
   bytes count as sent, as for a loss.
 - A message already on the wire is delivered when its sender goes offline, its edge

@@ -38,9 +38,10 @@ class Node:
         self._clock = emulation.clock
         self._mailbox = emulation.network.mailboxes[node_id]
         seed = emulation.seed
-        # Each node owns its generators: concurrent jobs never share random state.
+        # Each node owns its generators: concurrent jobs never share random state. The tag keeps
+        # np_rng apart from the scenario's generators, which are seeded [seed, tag].
         self.rng = random.Random(f"{seed}:{node_id}")
-        self.np_rng = np.random.default_rng([seed, node_id])
+        self.np_rng = np.random.default_rng([seed, node_id, 0x6E])
         self._torch_generator = None
 
     def __repr__(self):

@@ -16,11 +16,12 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
   4. xi_i <- w_ii xi_i + sum_j w_ij xi_j; a neighbour not heard from this round
      leaves its weight with i.
   5. Sparsification: once w_ij = 0 (at most --zero-weight, 1e-4: the authors' sign
-     steps can leave a weight at a few 1e-6 round after round), i drops j: it tells j so (a "drop" message of a few bytes, this round) and
-     never sends to j nor waits for j again. j drops i on hearing it (before its
-     next send; its weight on i is spread over the rest of its row), so a link
-     dies in both directions. (A drop notice lost on a lossy link leaves j
-     waiting up to --timeout for i each round.)
+     steps can leave a weight at a few 1e-6 round after round), i drops j: it
+     tells j so (a "drop" message of a few bytes, this round) and never sends to
+     j nor waits for j again. j drops i on hearing it (before its next send; its
+     weight on i is spread over the rest of its row), so a link dies in both
+     directions. (A drop notice lost on a lossy link leaves j waiting up to
+     --timeout for i each round.)
 CGL scores a neighbour whose classifier did not arrive this round with the last one
 it sent (never one: similarity -1, as the authors' code scores non-neighbours).
 

@@ -408,3 +408,15 @@ def test_crash_at_time_zero_and_after_the_last_round(tmp_path):
     assert {r["node"] for r in emulation.rows} == set(range(4)) - set(crashed)
     late = emulate(run, nx.empty_graph(4), rounds=3, crash="1@5s")  # everyone is done by 3 s
     assert len(late.rows) == 12 and all(row["t"] == 3.0 for row in late.rows if row["round"] == 2)
+
+
+def test_node_generators_are_independent_of_the_scenario_generators():
+    # The crash choice is drawn from [seed, 0xC7]; node 0xC7 = 199's own generator must not repeat it.
+    draws = []
+
+    async def run(node):
+        if node.id == 0xC7:
+            draws.append(node.np_rng.random(4).tolist())
+
+    emulate(run, nx.empty_graph(200))
+    assert draws and draws[0] != np.random.default_rng([0, 0xC7]).random(4).tolist()
