@@ -41,6 +41,13 @@ def emulate(coroutine, graph: nx.Graph, *, workers: int = 2, **settings) -> Emul
     return emulation
 
 
+def assert_one_line_error(capsys, named: str) -> str:
+    """stderr is exactly one line and it names `named`; returns the line."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], lines
+    return lines[0]
+
+
 @pytest.fixture
 def two_nodes() -> nx.Graph:
     return nx.path_graph(2)

@@ -9,6 +9,7 @@ import yaml
 
 from emulator.cli import main
 from emulator.ledger import LINK_COLUMNS
+from tests.conftest import assert_one_line_error
 
 GOSSIP = ["--topology", "ring", "--protocol", "gossip", "--nodes", "16", "--rounds", "20",
           "--latency", "10ms", "--bandwidth", "1Mbps", "--trace", "--quiet", "--no-plots"]
@@ -115,8 +116,7 @@ BAD_INPUT = [
 @pytest.mark.parametrize("args,named", BAD_INPUT)
 def test_bad_input_exits_2_with_one_line(args, named, tmp_path, capsys):
     assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), *args]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], lines
+    assert_one_line_error(capsys, named)
     assert not (tmp_path / "r" / "summary.json").exists()
 
 
@@ -158,8 +158,7 @@ def test_bad_workload_input_exits_2_with_one_line(args, named, tmp_path, capsys)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert main(["--protocol", "dfedavgm", "--nodes", "4", "--rounds", "1", "--quiet", "--no-plots",
                  "--out", str(tmp_path / "r"), *args]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and named.replace("{tmp}", str(tmp_path)) in lines[0], lines
+    assert_one_line_error(capsys, named.replace("{tmp}", str(tmp_path)))
     assert not (tmp_path / "r" / "summary.json").exists()
 
 

@@ -15,7 +15,7 @@ from emulator.config import RunConfig
 from emulator.network import NotNeighbourError
 from emulator.runner import Emulation
 from protocols.gossip import Gossip, GossipOptions
-from tests.conftest import emulate
+from tests.conftest import assert_one_line_error, emulate
 
 QUIET = ["--quiet", "--no-plots"]
 SCENARIOS = Path(__file__).resolve().parents[1] / "experiments" / "scenarios"
@@ -355,8 +355,7 @@ BAD = [
 @pytest.mark.parametrize("args,named", BAD)
 def test_bad_scenario_input_exits_2_with_one_line(args, named, tmp_path, capsys):
     assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), *args]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], lines
+    assert_one_line_error(capsys, named)
     assert not (tmp_path / "r").exists()
 
 
@@ -371,8 +370,7 @@ def test_bad_availability_file_exits_2(content, named, tmp_path, capsys):
     trace = tmp_path / "trace.csv"
     trace.write_text(content)
     assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), "--availability", str(trace)]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0], lines
+    assert_one_line_error(capsys, named)
 
 
 def test_a_schedule_file_keeps_only_the_rounds_it_names(tmp_path):
