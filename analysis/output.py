@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def mean_std(metric: str, mean: float, std: float | None) -> str:
     if std is None or math.isnan(mean):
         return metric_value(metric, mean)
     return f"{metric_value(metric, mean)} ± {metric_value(metric, std)}"
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """`mean ± std` over values (sample std) in format `fmt`; just the mean for a single value."""
+    mean = statistics.fmean(values)
+    return f"{mean:{fmt}}" + (f" ± {statistics.stdev(values):{fmt}}" if len(values) > 1 else "")
 
 
 def markdown(headers: list[str], rows: list[list[str]]) -> str:

@@ -212,6 +212,15 @@ def run_emulation(argv: list[str]) -> int:
     return cli.main(argv)
 
 
+def run_once(out: Path, argv: list[str]) -> dict:
+    """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run; its summary."""
+    if not is_finished(out):
+        status = run_emulation([*argv, "--out", str(out), "--quiet", "--no-plots"])
+        if status != 0:
+            raise RuntimeError(f"run {out}: emulate exited with status {status}")
+    return load_run(out).summary
+
+
 def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
     """Run every point whose directory holds no finished run; the names of those that failed."""
     todo = [p for p in runs if not is_finished(grid.out / p.name)]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import tomllib
 import warnings
 from dataclasses import MISSING, fields

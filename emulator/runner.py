@@ -6,7 +6,6 @@ import concurrent.futures
 import gc
 import json
 import statistics
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

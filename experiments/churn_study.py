@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from emulator.cli import main as emulate
+from analysis.output import spread
+from analysis.sweep import run_once
 
 LEVELS = [("none", "none"), ("mild", "up=4s,down=1s"), ("heavy", "up=1s,down=1s")]
 SETUPS = [  # (run name, table label, flags)
@@ -35,12 +35,6 @@ SETUPS = [  # (run name, table label, flags)
     ("mapl-s1", "mapl, s1", ["--protocol", "mapl", "--partition", "mapl:scenario=1"]),
 ]
 COMMON = ["--dataset", "digits", "--topology", "regular:d=4", "--timeout", "0.5"]
-
-
-def run(out: Path, flags: list[str]) -> Path:
-    if not (out / "summary.json").exists():
-        assert emulate([*flags, "--out", str(out), "--quiet", "--no-plots"]) == 0, out
-    return out
 
 
 def offline_share(out: Path, nodes: int, end: float) -> float:
@@ -61,20 +55,15 @@ def measure(out: Path, nodes: int) -> dict:
             "offline": offline_share(out, nodes, summary["emulated_seconds"])}
 
 
-def cell(values: list[float], fmt: str) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:{fmt}}" + (f" ± {statistics.stdev(values):{fmt}}" if len(values) > 1 else "")
-
-
 def table(results: dict, seeds: list[int]) -> str:
     lines = ["| protocol, data | churn | offline | test acc | worst 10% | MB sent | MB delivered | offline drops "
              "| heard from | emulated s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for (label, level, spec), runs in results.items():
         col = {key: [r[key] for r in runs] for key in runs[0]}
-        lines.append(f"| {label} | {level} ({spec}) | {cell(col['offline'], '.0%')} | {cell(col['acc'], '.3f')} | "
-                     f"{cell(col['worst'], '.3f')} | {cell(col['mb'], '.1f')} | {cell(col['mb_delivered'], '.1f')} | "
-                     f"{cell(col['offline_drops'], '.0f')} | "
-                     f"{cell(col['heard'], '.2f')} | {cell(col['time'], '.1f')} |")
+        lines.append(f"| {label} | {level} ({spec}) | {spread(col['offline'], '.0%')} | {spread(col['acc'], '.3f')} | "
+                     f"{spread(col['worst'], '.3f')} | {spread(col['mb'], '.1f')} | {spread(col['mb_delivered'], '.1f')} | "
+                     f"{spread(col['offline_drops'], '.0f')} | "
+                     f"{spread(col['heard'], '.2f')} | {spread(col['time'], '.1f')} |")
     return "\n".join(lines) + f"\n\nSeeds: {', '.join(map(str, seeds))}.\n"
 
 
@@ -92,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seeds:
                 flags = [*setup, *COMMON, "--nodes", str(args.nodes), "--rounds", str(args.rounds),
                          "--seed", str(seed), "--churn", spec]
-                path = run(out / f"{name}-{level}-s{seed}", flags)
+                path = out / f"{name}-{level}-s{seed}"
+                run_once(path, flags)
                 results.setdefault((label, level, spec), []).append(measure(path, args.nodes))
     report = table(results, args.seeds)
     (out / "churn_study.md").write_text(report)

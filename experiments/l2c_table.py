@@ -25,7 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from emulator.cli import main as emulate
+from analysis.output import spread
+from analysis.sweep import run_once
 from protocols.l2c import same_task_on_top
 
 IDENTIFICATION = ["--topology", "mesh", "--nodes", "15", "--rounds", "10",
@@ -42,13 +43,6 @@ METHODS = [  # (run directory name, row label, protocol, extra flags, what the r
 ]
 
 
-def run(out: Path, protocol: str, flags: list[str]) -> dict:
-    """One emulation into `out` (kept: a rerun reuses a finished one); its summary.json."""
-    if not (out / "summary.json").exists():
-        assert emulate(["--protocol", protocol, *flags, "--out", str(out), "--quiet", "--no-plots"]) == 0, out
-    return json.loads((out / "summary.json").read_text())
-
-
 def first_identified_round(out: Path, share: float = 0.8) -> int | None:
     """The first round whose mixing weights put every same-task peer on top for `share` of the nodes."""
     clusters = {n["node"]: n["cluster"] for n in json.loads((out / "partition.json").read_text())["nodes"]}
@@ -61,11 +55,6 @@ def first_identified_round(out: Path, share: float = 0.8) -> int | None:
     return next((rnd for rnd, hits in sorted(by_round.items()) if statistics.fmean(hits) >= share), None)
 
 
-def mean_std(values: list[float], scale: float = 1.0) -> str:
-    mean = statistics.fmean(values) * scale
-    return f"{mean:.2f} ± {statistics.stdev(values) * scale:.2f}" if len(values) > 1 else f"{mean:.2f}"
-
-
 def identification_table(out: Path, seeds: list[int], dataset: str) -> list[str]:
     lines = ["| method | identified after 10 rounds (share of nodes) | first round with >= 80% | seeds |",
              "|---|---|---|---|"]
@@ -73,7 +62,7 @@ def identification_table(out: Path, seeds: list[int], dataset: str) -> list[str]
         shares, firsts = [], []
         for seed in seeds:
             rundir = out / f"identify-{protocol}-s{seed}"
-            summary = run(rundir, protocol, [*IDENTIFICATION, "--dataset", dataset, "--seed", str(seed)])
+            summary = run_once(rundir, ["--protocol", protocol, *IDENTIFICATION, "--dataset", dataset, "--seed", str(seed)])
             shares.append(summary["task_identification"])
             firsts.append(first_identified_round(rundir))
         lines.append(f"| {protocol} | {' / '.join(f'{s:.2f}' for s in shares)} | "
@@ -89,12 +78,13 @@ def accuracy_table(out: Path, seeds: list[int], nodes: int, rounds: int, dataset
     for slug, label, protocol, flags, note in METHODS:
         acc, worst, sent, wall = [], [], [], []
         for seed in seeds:
-            summary = run(out / f"{slug}-s{seed}", protocol, [*common, *flags, "--seed", str(seed)])
+            summary = run_once(out / f"{slug}-s{seed}", ["--protocol", protocol, *common, *flags, "--seed", str(seed)])
             acc.append(summary["final"]["test_acc"])
             worst.append(summary["final"]["test_acc_worst10"])
             sent.append(summary["bytes_total"] / nodes / 1e6)
             wall.append(summary["wall_seconds"])
-        lines.append(f"| {label} | {mean_std(acc, 100)} | {mean_std(worst, 100)} | {statistics.fmean(sent):.0f} | "
+        accuracy, worst10 = spread([100 * a for a in acc], ".2f"), spread([100 * w for w in worst], ".2f")
+        lines.append(f"| {label} | {accuracy} | {worst10} | {statistics.fmean(sent):.0f} | "
                      f"{statistics.fmean(wall):.0f} | {note} |")
     return lines
 

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from emulator.cli import main as emulate
+from analysis.rundir import read_jsonl
+from analysis.sweep import run_once
 
 METHODS = [  # (run directory name, row label, protocol and flags)
     ("local", "Local", ["--protocol", "local", "--model", "hetero-small"]),
@@ -50,13 +50,6 @@ PAPER_FASHION_MNIST = {
 }
 
 
-def run(out: Path, flags: list[str]) -> dict:
-    """One emulation into `out` (kept: a rerun reuses a finished one); its summary.json."""
-    if not (out / "summary.json").exists():
-        assert emulate([*flags, "--out", str(out), "--quiet", "--no-plots"]) == 0, out
-    return json.loads((out / "summary.json").read_text())
-
-
 def partition(scenario: int, samples: int) -> str:
     return f"mapl:scenario={scenario},samples={samples},low={max(1, samples // 3)},high={samples}"
 
@@ -69,7 +62,7 @@ def collect(args) -> dict[tuple[str, int], list[dict]]:
                   "--rounds", str(args.rounds), "--partition", partition(scenario, args.samples),
                   "--local-epochs", str(args.local_epochs), "--d-z", "128"]
         for slug, _, flags in methods(args):
-            results[slug, scenario] = [run(Path(args.out) / f"{slug}-sc{scenario}-s{seed}",
+            results[slug, scenario] = [run_once(Path(args.out) / f"{slug}-sc{scenario}-s{seed}",
                                            [*flags, *common, "--seed", str(seed)]) for seed in args.seeds]
     return results
 
@@ -112,6 +105,22 @@ def traffic_table(results, args) -> list[str]:
     return lines
 
 
+def message_bytes(out: Path, rnd: int) -> int:
+    """Bytes per message sent in round `rnd` of a run, from the ledger columns of metrics.jsonl."""
+    rows = [row for row in read_jsonl(out / "metrics.jsonl") if row["round"] == rnd]
+    return sum(row["bytes_sent"] for row in rows) // sum(row["msgs_sent"] for row in rows)
+
+
+def message_sizes(args) -> str:
+    """One message on a directed edge, read from the first scenario's and seed's runs."""
+    first = f"sc{args.scenarios[0]}-s{args.seeds[0]}"
+    mapl, dfedavgm = (Path(args.out) / f"{slug}-{first}" for slug in ("mapl", "dfedavgm"))
+    return (f"Bytes per message on a directed edge (ledger, Sc. {args.scenarios[0]}, seed {args.seeds[0]}): "
+            f"MAPL {message_bytes(mapl, 1):,} in round 1 (prototypes), "
+            f"{message_bytes(mapl, args.rounds - 1):,} in the last round (prototypes and classifier); "
+            f"DFedAvgM {message_bytes(dfedavgm, 1):,}.")
+
+
 def write_csv(path: Path, results, args) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
@@ -151,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         report += ["MAPL's learned W, weight on the own cluster (mean over nodes): "
                    + ", ".join(f"Sc. {s}: {w:.2f}" for s, w in within.items()), ""]
     if {"mapl", "mapl-no-cgl", "dfedavgm"} <= set(args.methods):
-        report += ["## Traffic (all nodes; mean over seeds)", "", *traffic_table(results, args), ""]
+        report += ["## Traffic (all nodes; mean over seeds)", "", *traffic_table(results, args), "",
+                   message_sizes(args), ""]
     report.append(f"Command: `PYTHONPATH=. python experiments/mapl_table.py {' '.join(argv or sys.argv[1:])}`".rstrip())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -62,14 +62,14 @@ class Resampled:
         if every < 1:
             raise TopologyError(f"resample: every must be >= 1, got {every}")
         self.spec, self.num_nodes, self.seed, self.every = spec, n, seed, every
-        self.graph(0)  # a bad spec fails now, not mid-run
+        self.first = resample(spec, n, seed, 0, every)  # a bad spec fails now, not mid-run
 
     def key(self, rnd: int) -> int:
         return rnd // self.every
 
     def graph(self, rnd: int) -> nx.Graph:
-        if rnd < self.every:
-            return resample(self.spec, self.num_nodes, self.seed, rnd, self.every)
+        if self.key(rnd) == 0:
+            return self.first
         with warnings.catch_warnings():  # a disconnected draw is reported once, for round 0
             warnings.simplefilter("ignore", TopologyWarning)
             return resample(self.spec, self.num_nodes, self.seed, rnd, self.every)
@@ -115,11 +115,11 @@ def schedule(spec: str, topology: str, n: int, seed: int):
     name, _, rest = spec.partition(":")
     if name.replace("_", "-").lower() == "one-peer-exponential" and not rest:
         return OnePeerExponential(n)
-    if name.lower() == "resample" and not files.looks_like_path(spec):
+    if files.looks_like_path(spec):
+        return FromFile(spec)
+    if name.lower() == "resample":
         key, _, value = rest.partition("=")
         if key.strip() != "every" or not value.strip().isdigit():
             raise TopologyError(f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}")
         return Resampled(topology, n, seed, int(value))
-    if files.looks_like_path(spec):
-        return FromFile(spec)
     raise TopologyError(f"unknown schedule {spec!r}; use one of {', '.join(SCHEDULES)}")
