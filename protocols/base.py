@@ -13,25 +13,20 @@ EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per s
 
 class LearningProtocol(Protocol):
     """A protocol over a Workload: every node gets its data split and its own model."""
+    averages_models = False  # then every node needs the same architecture
 
-    def __init__(self, options, env):
+    def __init__(self, options, env, **workload):
         super().__init__(options, env)
         try:
-            self.workload = Workload(options, env)
+            self.workload = Workload(options, env, averaged_by=self.name if self.averages_models else None,
+                                     **workload)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
-
-    def require_one_architecture(self) -> None:
-        """Protocols that average whole models need every node on the same architecture."""
-        archs = sorted(set(self.workload.archs))
-        if len(archs) > 1:
-            raise UsageError(f"--model {self.options.model}: {self.name} averages models, so every node needs "
-                             f"the same architecture (got {', '.join(archs)})")
 
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""
         model, data = self.workload.model(node.id), self.workload.data(node.id)
-        node.log(test_acc=await self.evaluate(node, model, data))
+        node.log(test_acc=await self.accuracy(node, model, data))
 
     async def train(self, node, model, data) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss."""
@@ -43,7 +38,14 @@ class LearningProtocol(Protocol):
             generator=node.torch_generator, work=samples)
         return loss
 
-    async def evaluate(self, node, model, data) -> float:
+    async def evaluate(self, node, model, data) -> dict[str, float]:
+        """{"test_acc": ...} in the rounds --eval-every picks (and the last), else {}; charged as compute."""
+        last = node.round == self.env.rounds - 1
+        if (node.round + 1) % self.options.eval_every and not last:
+            return {}
+        return {"test_acc": await self.accuracy(node, model, data)}
+
+    async def accuracy(self, node, model, data) -> float:
         return await node.compute(accuracy, model, data.test_x, data.test_y, work=len(data.test_y) * EVAL_COST)
 
     def observe(self, rnd, snapshots):

@@ -44,17 +44,13 @@ class DFedAvgMOptions(WorkloadOptions):
             raise UsageError("--local-epochs must be at least 1 and --local-steps not negative")
 
 
-SKIP = ("projection.",)  # the projection head serves MAPL only; plain training never uses it
 
 
 @register("dfedavgm")
 class DFedAvgM(LearningProtocol):
     """DFedAvgM: local momentum SGD, then Metropolis-Hastings model averaging."""
     Options = DFedAvgMOptions
-
-    def __init__(self, options, env):
-        super().__init__(options, env)
-        self.require_one_architecture()
+    averages_models = True
 
     async def run(self, node):
         o = self.options
@@ -62,9 +58,9 @@ class DFedAvgM(LearningProtocol):
         for _ in node.rounds():
             loss = await self.train(node, model, data)
             degree = len(node.in_neighbours)
-            node.broadcast("model", {"state": float_state(model, SKIP), "degree": degree})
+            node.broadcast("model", {"state": float_state(model), "degree": degree})
             heard = await node.gather("model", timeout=o.timeout)
             weights = [(neighbour_weight(o.mixing, degree, m.body["degree"]), m.body["state"]) for m in heard.values()]
             mix(model, 1.0 - sum(w for w, _ in weights), weights)
-            node.snapshot(float_state(model, SKIP))
-            node.log(train_loss=loss, test_acc=await self.evaluate(node, model, data), heard_from=len(heard))
+            node.snapshot(float_state(model))
+            node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard))

@@ -39,7 +39,6 @@ from workloads.training import difference, float_state, inner, loss_gradient
 from .base import LearningProtocol
 from .dfedavgm import DFedAvgMOptions
 
-SKIP = ("projection.",)  # MAPL's projection head: L2C never trains, mixes or sends it
 
 
 def _like(options: type, name: str, default):
@@ -139,6 +138,7 @@ class MixingLogits:
 class L2C(LearningProtocol):
     """L2C: personal models mix neighbours' updates with weights learnt on a validation split; prunes at T0."""
     Options = L2COptions
+    averages_models = True
 
     def __init__(self, options, env):
         super().__init__(options, env)
@@ -152,7 +152,7 @@ class L2C(LearningProtocol):
 
     def message(self, start: dict, model, origin: dict) -> dict:
         """What node i sends each round: its update Delta_i."""
-        return {"update": difference(start, float_state(model, SKIP))}
+        return {"update": difference(start, float_state(model))}
 
     async def share(self, node, mixer) -> None:
         """Anything to agree on after the mixing step (L2C: nothing)."""
@@ -160,15 +160,15 @@ class L2C(LearningProtocol):
     # -- the round -------------------------------------------------------------
     async def run(self, node):
         o = self.options
-        # Every node starts from node 0's initial weights: updates from one starting point are comparable.
-        model, data = self.workload.model(0), self.workload.data(node.id)
-        origin = float_state(model, SKIP)
+        # --init common (the default): updates from one starting point are comparable.
+        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        origin = float_state(model)
         mixer = self.mixer(node, model)
         self.neighbourhoods[node.id] = list(node.neighbours)
         sources, listeners = list(node.neighbours), set(node.neighbours)
         pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
         for rnd in node.rounds():
-            start = float_state(model, SKIP)
+            start = float_state(model)
             loss = await self.train(node, model, data)
             if pruning and rnd == o.prune_round + 1:
                 listeners = await self.still_listening(node, listeners)
@@ -184,8 +184,8 @@ class L2C(LearningProtocol):
             await self.share(node, mixer)
             if pruning and rnd == o.prune_round:
                 sources = self.prune(node, sources, weights)
-            node.snapshot(float_state(model, SKIP))
-            node.log(train_loss=loss, val_loss=val_loss, test_acc=await self.evaluate(node, model, data),
+            node.snapshot(float_state(model))
+            node.log(train_loss=loss, val_loss=val_loss, **await self.evaluate(node, model, data),
                      heard_from=len(heard))
 
     @staticmethod

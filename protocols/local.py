@@ -1,9 +1,10 @@
 """Local: every node trains on its own data and never communicates — the floor personalised methods must beat."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from emulator.protocol import register
+from workloads.task import WorkloadOptions
 
 from .base import LearningProtocol
 from .dfedavgm import DFedAvgMOptions
@@ -11,7 +12,7 @@ from .dfedavgm import DFedAvgMOptions
 
 @dataclass
 class LocalOptions(DFedAvgMOptions):
-    pass
+    init: str = field(default="independent", metadata={f.name: f for f in fields(WorkloadOptions)}["init"].metadata)
 
 
 @register("local")
@@ -23,4 +24,4 @@ class Local(LearningProtocol):
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         for _ in node.rounds():
             loss = await self.train(node, model, data)
-            node.log(train_loss=loss, test_acc=await self.evaluate(node, model, data))
+            node.log(train_loss=loss, **await self.evaluate(node, model, data))

@@ -90,8 +90,9 @@ class MapLOptions(WorkloadOptions):
     partition: str = _workload_default("partition", "mapl:scenario=1")
     model: str = _workload_default("model", "hetero-small")
     d_z: int = _workload_default("d_z", 128)
-    d_p: int = _workload_default("d_p", 128)
-    hidden: int = _workload_default("hidden", 512)
+    init: str = _workload_default("init", "independent")  # heterogeneous backbones cannot share one x0
+    d_p: int = field(default=128, metadata=_help("MAPL: prototype and projection width (paper 512)"))
+    projection_hidden: int = field(default=512, metadata=_help("MAPL: projection head hidden width (paper 4096)"))
     local_epochs: int = field(default=2, metadata=_help("local epochs per round (paper: 1)"))
     lr: float = field(default=3e-3, metadata=_help("learning rate (MAPL: Adam; paper 1e-4)"))
     adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
@@ -138,6 +139,10 @@ class MapLOptions(WorkloadOptions):
             raise UsageError(f"--zero-weight {self.zero_weight}: must be in [0, 1)")
         if not 0 <= self.adam_beta1 < 1:
             raise UsageError(f"--adam-beta1 {self.adam_beta1}: must be in [0, 1)")
+        if self.normalize != "standard":  # the two views un-standardise, augment in 0..1, standardise again
+            raise UsageError(f"--normalize {self.normalize}: MAPL's augmentation needs --normalize standard")
+        if min(self.d_p, self.projection_hidden) < 1:
+            raise UsageError("--d-p and --projection-hidden must be at least 1")
 
 
 # ---------------------------------------------------------------- PML losses
@@ -327,7 +332,7 @@ class MAPL(LearningProtocol):
     averages_backbones = False
 
     def __init__(self, options, env):
-        super().__init__(options, env)
+        super().__init__(options, env, projection=(options.d_p, options.projection_hidden))
         self.t_thr = options.t_thr if options.t_thr >= 0 else env.rounds // 4
         self.rows: dict[int, dict[int, float]] = {}  # each node's latest row of W, zeros included
         self.clusters = self.workload.clusters if None not in self.workload.clusters else None
@@ -375,12 +380,12 @@ class MAPL(LearningProtocol):
             body["backbone"] = float_state(model.backbone)
         return body
 
-    def report(self, node, row: CollaborationRow, neighbours: list[int], loss: float, acc: float,
+    def report(self, node, row: CollaborationRow, neighbours: list[int], loss: float, evaluation: dict,
                heard: int) -> None:
         weights = {j: row.weights.get(j, 0.0) for j in sorted([node.id, *neighbours])}
         self.rows[node.id] = weights
         node.record("graph", weights={str(j): w for j, w in weights.items()})
-        metrics = dict(train_loss=loss, test_acc=acc, heard_from=heard, links=len(row.peers))
+        metrics = dict(train_loss=loss, **evaluation, heard_from=heard, links=len(row.peers))
         if self.clusters is not None:
             metrics["within_cluster"] = cluster_mass(row.weights, node.id, self.clusters)
         node.log(**metrics)
@@ -428,6 +433,7 @@ class MAPL(LearningProtocol):
 @dataclass
 class MapLPlusOptions(MapLOptions):
     model: str = _workload_default("model", "cnn-small")
+    init: str = _workload_default("init", "common")
 
     def validate(self):
         super().validate()

@@ -31,7 +31,7 @@ from emulator.protocol import register
 from workloads.training import difference, float_state, mix
 
 from .dfedavgm import neighbour_weight
-from .l2c import L2C, SKIP, L2COptions
+from .l2c import L2C, L2COptions
 
 
 @dataclass
@@ -105,13 +105,13 @@ class MetaL2C(L2C):
     def mixer(self, node, model):
         o = self.options
         generator = torch.Generator().manual_seed(self.env.seed)  # the same E on every node
-        shapes = {name: value.shape for name, value in encoded(float_state(model, SKIP)).items()}
+        shapes = {name: value.shape for name, value in encoded(float_state(model)).items()}
         return Attention(node.id, Encoder(shapes, encoder_widths(o.encoder), generator),
                          o.alpha_lr, o.alpha_weight_decay)
 
     def message(self, start: dict, model, origin: dict) -> dict:
         """Delta_i and dtheta_i = theta_i^{t+1/2} - theta^0."""
-        now = float_state(model, SKIP)
+        now = float_state(model)
         return {"update": difference(start, now), "drift": difference(encoded(now), origin)}
 
     async def share(self, node, mixer) -> None:

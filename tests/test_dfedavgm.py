@@ -6,7 +6,7 @@ import torch
 
 from emulator import wire
 from emulator.cli import main
-from protocols.dfedavgm import SKIP
+from workloads.datasets import load_dataset
 from workloads.models import build_model
 from workloads.training import float_state, mix
 
@@ -27,6 +27,7 @@ def runs(tmp_path_factory):
     return {
         "none": _run(tmp, "none", "--protocol", "dfedavgm", "--rounds", "20", "--trace"),
         "q8": _run(tmp, "q8", "--protocol", "dfedavgm", "--rounds", "20", "--compress", "q8"),
+        "independent": _run(tmp, "independent", "--protocol", "dfedavgm", "--rounds", "20", "--init", "independent"),
     }
 
 
@@ -35,21 +36,29 @@ def test_dfedavgm_learns_digits_on_a_ring(runs):
     assert summary["final"]["test_acc"] >= 0.90
 
 
-def test_consensus_distance_falls_on_iid_data(runs):
-    _, metrics, _ = runs["none"]
-    by_round = [sum(r["consensus_distance"] for r in metrics if r["round"] == t) / 8 for t in range(20)]
+def _consensus(metrics):
+    return [sum(r["consensus_distance"] for r in metrics if r["round"] == t) / 8 for t in range(20)]
+
+
+def test_consensus_distance_falls_from_independent_starts(runs):
+    by_round = _consensus(runs["independent"][1])
     assert by_round[-1] < 0.5 * by_round[0]
     assert sum(b < a for a, b in zip(by_round, by_round[1:])) >= 15
+
+
+def test_a_common_start_keeps_the_nodes_closer_every_round(runs):
+    common, independent = _consensus(runs["none"][1]), _consensus(runs["independent"][1])
+    assert all(c < i for c, i in zip(common, independent))
 
 
 def test_every_message_is_exactly_the_encoded_model(runs):
     _, metrics, out = runs["none"]
     model = build_model("cnn-small", (1, 8, 8), 10)
-    expected = len(wire.encode(["model", 0, {"state": float_state(model, SKIP), "degree": 2}]))
+    expected = len(wire.encode(["model", 0, {"state": float_state(model), "degree": 2}]))
     messages = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
     assert len(messages) == 8 * 2 * 20
     assert {m["bytes"] for m in messages} == {expected}
-    parameters = sum(v.numel() for v in float_state(model, SKIP).values())
+    parameters = sum(v.numel() for v in float_state(model).values())
     assert 4 * parameters < expected < 4 * parameters * 1.01  # float32 payload plus framing
     assert all(r["bytes_sent"] == 2 * expected for r in metrics)
 
@@ -76,18 +85,31 @@ def test_training_goes_on_when_neighbours_are_silent(tmp_path):
     assert summary["final"]["test_acc"] >= 0.85
 
 
-def test_dpsgd_runs_one_step_per_round(tmp_path):
-    summary, metrics, _ = _run(tmp_path, "dpsgd", "--protocol", "dpsgd", "--rounds", "3")
-    assert summary["messages_total"] == 8 * 2 * 3
-    # One step of 32 samples at the default 1 ms per sample, plus evaluation, per round.
-    assert metrics[0]["t"] < 0.2
+@pytest.mark.parametrize("rounds,every", [(3, 3), (4, 2), (5, 10)])
+def test_dpsgd_runs_one_step_per_round_and_evaluates_every_k(tmp_path, rounds, every):
+    summary, metrics, _ = _run(tmp_path, "dpsgd", "--protocol", "dpsgd", "--rounds", str(rounds),
+                               "--eval-every", str(every))
+    assert summary["messages_total"] == 8 * 2 * rounds
+    size = summary["bytes_total"] / summary["messages_total"]
+    # Round 0: one step of 32 samples at 1 ms per sample, then 10 ms latency and the model at 100 Mbps.
+    step = 0.032 + 0.010 + size * 8 / 100e6
+    # The whole digits test split (global for iid), a third of a step per sample.
+    evaluation = len(load_dataset("digits").test_y) / 3 * 1e-3
+    evaluated = [r for r in range(rounds) if (r + 1) % every == 0 or r == rounds - 1]
+    for row in metrics:
+        assert ("test_acc" in row) == (row["round"] in evaluated)
+    t_end = {r: metrics[8 * r]["t"] for r in range(rounds)}
+    expected = 0.0
+    for r in range(rounds):
+        expected += step + (evaluation if r in evaluated else 0.0)
+        assert t_end[r] == pytest.approx(expected, abs=1e-9)
 
 
 def test_a_silent_neighbours_weight_stays_with_the_node():
     """Mixing identical models with a row that gives the missing weight back to self changes nothing."""
     model = build_model("mlp", (1, 8, 8), 10)
-    before = float_state(model, SKIP)
+    before = float_state(model)
     heard = [(0.25, before)]  # one of two neighbours heard
     mix(model, 1.0 - 0.25, heard)
-    after = float_state(model, SKIP)
+    after = float_state(model)
     assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)

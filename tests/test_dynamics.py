@@ -50,7 +50,7 @@ CHURN20 = ["--nodes", "20", "--topology", "regular:d=4", "--dataset", "digits", 
 
 @pytest.mark.parametrize("protocol,extra", [
     ("dfedavgm", []),
-    ("mapl", ["--d-z", "16", "--d-p", "16", "--hidden", "32", "--local-epochs", "1"]),
+    ("mapl", ["--d-z", "16", "--d-p", "16", "--projection-hidden", "32", "--local-epochs", "1"]),
 ])
 def test_churn_every_node_completes_every_round(tmp_path, protocol, extra):
     run = _run(tmp_path / protocol, "--protocol", protocol, *CHURN20, *extra)

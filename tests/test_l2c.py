@@ -9,12 +9,12 @@ import torch
 
 from emulator.cli import main
 from emulator.errors import UsageError
-from protocols.l2c import SKIP, MixingLogits, backpropagate, hypergradient, prune_count
+from protocols.l2c import MixingLogits, backpropagate, hypergradient, prune_count
 from protocols.meta_l2c import Attention, Encoder, encoded
 from workloads.models import build_model
 from workloads.training import float_state
 
-SMALL_MODEL = ["--d-z", "32", "--d-p", "8", "--hidden", "8"]
+SMALL_MODEL = ["--d-z", "32"]
 
 
 def read_jsonl(path):
@@ -26,8 +26,8 @@ def read_jsonl(path):
 def _problem(seed: int = 0):
     """A small double-precision model, its start, three neighbours' updates and their drifts, val data."""
     g = torch.Generator().manual_seed(seed)
-    model = build_model("mlp", (1, 4, 4), 3, d_z=8, d_p=4, hidden=4, norm="group").double()
-    start = float_state(model, SKIP)
+    model = build_model("mlp", (1, 4, 4), 3, d_z=8, norm="group").double()
+    start = float_state(model)
     bodies = {j: {"update": {k: 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in start.items()},
                   "drift": {k: torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in encoded(start).items()}}
               for j in (0, 3, 5)}

@@ -116,7 +116,7 @@ def test_a_weight_parked_just_above_zero_is_dropped():
 
 def test_without_cgl_weights_stay_uniform_and_no_classifier_is_sent(tmp_path):
     summary = emulate(tmp_path, "--protocol", "mapl", "--mapl-no-cgl", "--nodes", "4", "--rounds", "3",
-                      "--topology", "ring", "--d-z", "32", "--d-p", "16", "--hidden", "32")
+                      "--topology", "ring", "--d-z", "32", "--d-p", "16", "--projection-hidden", "32")
     for row in jsonl(tmp_path / "graph.jsonl"):
         assert row["weights"] == {str(j): pytest.approx(1 / 3) for j in row["weights"]}
         assert len(row["weights"]) == 3  # itself and its two ring neighbours
@@ -130,7 +130,7 @@ def test_without_cgl_weights_stay_uniform_and_no_classifier_is_sent(tmp_path):
 def test_paper_backbones_run_end_to_end(tmp_path):
     summary = emulate(tmp_path, "--protocol", "mapl", "--model", "hetero", "--nodes", "4", "--rounds", "2",
                       "--t-thr", "1", "--partition", "mapl:scenario=1,samples=6,test=2",
-                      "--d-z", "32", "--d-p", "16", "--hidden", "32", "--batch-size", "16", "--local-epochs", "1")
+                      "--d-z", "32", "--d-p", "16", "--projection-hidden", "32", "--batch-size", "16", "--local-epochs", "1")
     models = [n["model"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]]
     assert models == ["resnet18", "shufflenet", "googlenet", "alexnet"]
     rows = jsonl(tmp_path / "metrics.jsonl")
@@ -141,7 +141,7 @@ def test_paper_backbones_run_end_to_end(tmp_path):
 def test_mapl_plus_sends_and_averages_backbones_only_when_homogeneous(tmp_path):
     assert main(["--protocol", "mapl+", "--model", "hetero-small", "--quiet", "--out", str(tmp_path / "bad")]) == 2
     summary = emulate(tmp_path, "--protocol", "mapl+", "--model", "mlp", "--nodes", "2", "--rounds", "1",
-                      "--d-z", "32", "--d-p", "16", "--hidden", "32")
+                      "--d-z", "32", "--d-p", "16", "--projection-hidden", "32")
     backbone = 4 * (64 * 256 + 256 + 256 * 32 + 32)  # the mlp backbone's floats on 8x8 digits
     assert summary["bytes_total"] > 2 * backbone
 

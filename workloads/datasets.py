@@ -69,11 +69,23 @@ def load_dataset(name: str, root: str | None = None, download: bool = False) -> 
     return _load_memoised(name, resolved, bool(download))
 
 
-def normalise(x_uint8: torch.Tensor, dataset: Dataset) -> torch.Tensor:
-    """float32 (x/255 - mean)/std per channel, for an image (C,H,W) or a batch (B,C,H,W)."""
+NORMALIZATIONS = ("standard", "max", "none")
+
+
+def normalise(x_uint8: torch.Tensor, dataset: Dataset, mode: str = "standard") -> torch.Tensor:
+    """float32 images, for one (C,H,W) or a batch (B,C,H,W).
+
+    standard: (x/255 - mean)/std per channel; max: x/255 (divided by the largest
+    pixel value); none: the raw 0..255 values.
+    """
+    x = x_uint8.float()
+    if mode == "none":
+        return x
+    if mode == "max":
+        return x / 255.0
     mean = torch.tensor(dataset.mean, dtype=torch.float32, device=x_uint8.device).view(-1, 1, 1)
     std = torch.tensor(dataset.std, dtype=torch.float32, device=x_uint8.device).view(-1, 1, 1)
-    return (x_uint8.float() / 255.0 - mean) / std
+    return (x / 255.0 - mean) / std
 
 
 @functools.lru_cache(maxsize=None)

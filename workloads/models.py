@@ -9,6 +9,9 @@ Architectures (`MODELS`):
 - "cnn-small": the CPU default, two conv layers (32/64) with BatchNorm and
   pooling, then Linear to d_z (~150k parameters with d_z = 512).
 - "mlp": Flatten -> Linear(C*H*W, 256) -> ReLU -> Linear(256, d_z).
+- "mlp:hidden=64,64": the literature's MLP, C*H*W -> 64 -> 64 -> K with biases; the
+  last hidden width is the latent (d_z is ignored).
+- "cnn-small:channels=16,32": cnn-small with those conv widths (one conv-pool each).
 - "resnet18", "shufflenet" (shufflenet_v2_x1_0), "googlenet": torchvision
   definitions (weights=None, never downloaded) with the stem replaced for small
   images (3x3 stride-1 first conv taking C channels, the stem max-pool removed)
@@ -31,13 +34,19 @@ GroupNorm with the most groups <= 32 that divide the channels and leave >= 4
 channels per group (see `_num_groups`).
 
 No model contains Dropout: it would draw from the global RNG while training.
-Construction seeds a private fork of the CPU generator with seed * 100003 + node,
-so a node's initial parameters depend on (seed, node) only and the global RNG
+The MAPL projection head exists only when d_p is given (MAPL builds it; the others
+never carry it).
+
+Construction seeds a private fork of the CPU generator with seed * 100003 + init_node
+(init_node = node unless a common start asks for one x0), so a node's initial
+parameters depend on (seed, init_node) only and the global RNG
 state is left as it was.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
 from collections.abc import Callable
 
@@ -66,17 +75,19 @@ _RNG_LOCK = threading.Lock()
 
 
 class SplitModel(nn.Module):
-    """Backbone + MAPL projection head + bias-free classifier."""
+    """Backbone + MAPL projection head (only when d_p is given) + classifier."""
 
-    def __init__(self, arch: str, backbone: nn.Module, d_z: int, d_p: int, hidden: int, num_classes: int):
+    def __init__(self, arch: str, backbone: nn.Module, d_z: int, d_p: int | None, hidden: int, num_classes: int,
+                 bias: bool = False):
         super().__init__()
         self.arch, self.d_z, self.d_p = arch, d_z, d_p
         self.backbone = backbone
-        self.projection = nn.Sequential(
-            nn.Linear(d_z, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True), nn.Linear(hidden, d_p)
-        )
+        if d_p is not None:
+            self.projection = nn.Sequential(
+                nn.Linear(d_z, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True), nn.Linear(hidden, d_p)
+            )
         # Authors' code: ReLU on the latent, then a linear layer; MAPL sends only its weight.
-        self.classifier = nn.Sequential(nn.ReLU(), nn.Linear(d_z, num_classes, bias=False))
+        self.classifier = nn.Sequential(nn.ReLU(), nn.Linear(d_z, num_classes, bias=bias))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
@@ -95,18 +106,21 @@ def _conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
     return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
 
 
-def _cnn_small(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+def _cnn_small(in_shape: tuple[int, int, int], d_z: int, channels: tuple[int, ...] = (32, 64)) -> nn.Module:
     # Adaptive pooling to 2x2 keeps the linear layer the same for 8x8, 28x28 and 32x32.
-    return nn.Sequential(
-        *_conv_bn(in_shape[0], 32), nn.MaxPool2d(2),
-        *_conv_bn(32, 64), nn.MaxPool2d(2),
-        nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(64 * 4, d_z),
-    )  # fmt: skip
+    layers: list[nn.Module] = []
+    for c_in, c_out in zip((in_shape[0], *channels), channels):
+        layers += [*_conv_bn(c_in, c_out), nn.MaxPool2d(2)]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(channels[-1] * 4, d_z))
 
 
-def _mlp(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
-    flat = int(np.prod(in_shape))
-    return nn.Sequential(nn.Flatten(), nn.Linear(flat, 256), nn.ReLU(inplace=True), nn.Linear(256, d_z))
+def _mlp(in_shape: tuple[int, int, int], d_z: int, hidden: tuple[int, ...] = (256,)) -> nn.Module:
+    """Flatten, then Linear layers through `hidden` to d_z with ReLU between them."""
+    widths = [int(np.prod(in_shape)), *hidden, d_z]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for n_in, n_out in zip(widths, widths[1:]):
+        layers += [nn.Linear(n_in, n_out), nn.ReLU(inplace=True)]
+    return nn.Sequential(*layers[:-1])
 
 
 def _resnet18(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
@@ -211,10 +225,33 @@ _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
 _POOLS = {"hetero": HETERO_ARCHS, "hetero-small": HETERO_SMALL_ARCHS}
 
 
-def assigned_arch(name: str, node: int, assign: str = "round-robin", seed: int = 0) -> str:
-    """The concrete architecture node `node` gets under model `name`."""
+# Widths a model spec may set, as `name:key=w1,w2,...` (e.g. mlp:hidden=64,64).
+SHAPES = {"mlp": "hidden", "cnn-small": "channels"}
+
+
+def parse_model(spec: str) -> tuple[str, tuple[int, ...] | None]:
+    """'mlp:hidden=64,64' -> ('mlp', (64, 64)); a bare name -> (name, None)."""
+    name, _, rest = spec.strip().partition(":")
     if name not in MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if not rest:
+        return name, None
+    key, _, values = rest.partition("=")
+    if name not in SHAPES or key.strip() != SHAPES[name]:
+        shaped = ", ".join(f"{n}:{k}=W1,W2,..." for n, k in SHAPES.items())
+        raise ModelError(f"model {spec!r}: only {shaped} take parameters")
+    try:
+        widths = tuple(int(v) for v in values.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise ModelError(f"model {spec!r}: {key.strip()} must be positive integers separated by commas")
+    return name, widths
+
+
+def assigned_arch(spec: str, node: int, assign: str = "round-robin", seed: int = 0) -> str:
+    """The concrete architecture node `node` gets under model `spec`."""
+    name, _ = parse_model(spec)
     if assign not in ASSIGNMENTS:
         raise ModelError(f"unknown model assignment {assign!r}; choose one of {', '.join(ASSIGNMENTS)}")
     pool = _POOLS.get(name)
@@ -227,31 +264,47 @@ def assigned_arch(name: str, node: int, assign: str = "round-robin", seed: int =
 
 
 def build_model(
-    name: str,
+    spec: str,
     in_shape: tuple[int, int, int],
     num_classes: int,
     *,
     node: int = 0,
     num_nodes: int = 1,
     d_z: int = 512,
-    d_p: int = 512,
+    d_p: int | None = None,
     hidden: int = 4096,
     norm: str = "batch",
     assign: str = "round-robin",
     seed: int = 0,
+    init_node: int | None = None,
 ) -> SplitModel:
-    """Build node `node`'s model; parameters depend only on (name, shapes, seed, node)."""
-    arch = assigned_arch(name, node, assign, seed)
+    """Build node `node`'s model; parameters depend only on (spec, shapes, seed, init_node).
+
+    init_node (default: node) picks the initial weights: nodes built with the same
+    init_node and architecture start from the same point. d_p adds MAPL's projection head.
+    """
+    arch = assigned_arch(spec, node, assign, seed)
+    _, widths = parse_model(spec)
     if norm not in NORMS:
         raise ModelError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
     if not 0 <= node < num_nodes:
         raise ModelError(f"node {node} is outside 0..{num_nodes - 1}")
     if len(in_shape) != 3 or min(in_shape) < 1:
         raise ModelError(f"input shape must be (channels, height, width), got {tuple(in_shape)}")
+    builder, bias = _BUILDERS[arch], False
+    if arch == "mlp" and widths:
+        # A shaped MLP is the plain one of the literature: its last hidden layer is the
+        # latent, and the classifier has a bias.
+        builder, d_z, bias = functools.partial(_mlp, hidden=widths[:-1]), widths[-1], True
+    elif arch == "cnn-small" and widths:
+        if 2 ** len(widths) > min(in_shape[1:]):
+            raise ModelError(f"model {spec!r}: {len(widths)} conv layers halve a {in_shape[1]}x{in_shape[2]} "
+                             f"image to nothing; use at most {int(math.log2(min(in_shape[1:])))}")
+        builder = functools.partial(_cnn_small, channels=widths)
     # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
     with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed * 100003 + node)
-        model = SplitModel(arch, _BUILDERS[arch](tuple(in_shape), d_z), d_z, d_p, hidden, num_classes)
+        torch.default_generator.manual_seed(seed * 100003 + (node if init_node is None else init_node))
+        model = SplitModel(arch, builder(tuple(in_shape), d_z), d_z, d_p, hidden, num_classes, bias)
     if norm == "group":
         _to_group_norm(model)
     return model

@@ -6,9 +6,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .datasets import DatasetError, load_dataset, normalise
+from .datasets import NORMALIZATIONS, DatasetError, load_dataset, normalise
 from .models import NORMS, ModelError, assigned_arch, build_model
 from .partitions import PartitionError, make_partition
+
+INITS = ("common", "independent")
+TEST_SETS = ("auto", "global", "local")
+GLOBAL_TEST_PARTITIONS = ("iid", "dirichlet")  # the others give each node a task of its own
 
 
 class WorkloadError(ValueError):
@@ -30,12 +34,19 @@ class WorkloadOptions:
         "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2"))
     val_fraction: float = field(default=0.0, metadata=_help("share of each node's train split held out for validation"))
     model: str = field(default="cnn-small", metadata=_help(
-        "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small"))
+        "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small; "
+        "shaped: mlp:hidden=64,64 (hidden widths, biased classifier) or cnn-small:channels=32,64"))
     model_assign: str = field(default="round-robin", metadata=_help("hetero models: round-robin or random"))
     norm: str = field(default="batch", metadata=_help("batch or group normalisation"))
     d_z: int = field(default=512, metadata=_help("latent width of every backbone"))
-    d_p: int = field(default=512, metadata=_help("projection width (MAPL prototypes)"))
-    hidden: int = field(default=4096, metadata=_help("projection head hidden width"))
+    init: str = field(default="common", metadata=_help(
+        "initial weights: common (every node starts from one x0 drawn from the seed) or independent (one per node)"))
+    test_set: str = field(default="auto", metadata=_help(
+        "what each node is scored on: global (the whole test split), local (its own split), "
+        "auto (global for iid and dirichlet, local for the personalised partitions)"))
+    eval_every: int = field(default=1, metadata=_help("evaluate every K rounds (and always at the last round)"))
+    normalize: str = field(default="standard", metadata=_help(
+        "input scaling: standard (per-channel mean/std), max (divide by 255), none (raw 0..255)"))
 
 
 @dataclass
@@ -52,26 +63,45 @@ class NodeTensors:
 
 
 class Workload:
-    def __init__(self, options: WorkloadOptions, env, *, workers: int | None = None):
-        self.options, self.env = options, env
+    """The dataset, its partition over `parts` data holders, and the models.
+
+    parts defaults to one per node; a protocol whose server holds no data (fedavg)
+    asks for fewer and maps its clients onto them.
+    """
+
+    def __init__(self, options: WorkloadOptions, env, *, workers: int | None = None, parts: int | None = None,
+                 projection: tuple[int, int] | None = None, averaged_by: str | None = None):
+        self.options, self.env, self.projection = options, env, projection
         # Several nodes train at once on the executor's threads: don't oversubscribe the cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers or os.cpu_count() or 1)))
         if env.device == "cuda" and not torch.cuda.is_available():
             raise WorkloadError("--device cuda: no CUDA device is available")
         self.device = torch.device(env.device)
+        parts = env.num_nodes if parts is None else parts
         try:
+            _check(options)
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
-                                            self.dataset.test_y.numpy(), env.num_nodes,
+                                            self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, env.seed, options.val_fraction)
-            self.archs = [assigned_arch(options.model, i, options.model_assign, env.seed)
-                          for i in range(env.num_nodes)]
-            if options.norm not in NORMS:
-                raise ModelError(f"unknown norm {options.norm!r}; choose one of {', '.join(NORMS)}")
+            self.archs = [assigned_arch(options.model, i, options.model_assign, env.seed) for i in range(parts)]
         except (DatasetError, PartitionError, ModelError) as exc:
             raise WorkloadError(str(exc)) from None
-        env.write_json("partition.json", self.partition.to_json(
-            options.dataset, self.dataset.train_y.numpy(), self.dataset.test_y.numpy(), self.archs))
+        archs = sorted(set(self.archs))
+        if averaged_by is not None and len(archs) > 1:
+            raise WorkloadError(f"--model {options.model}: {averaged_by} averages models, so every node needs "
+                                f"the same architecture (got {', '.join(archs)})")
+        if options.init == "common" and len(archs) > 1:
+            raise WorkloadError(f"--init common: --model {options.model} gives nodes different architectures "
+                                f"({', '.join(archs)}), so they cannot share initial weights; "
+                                "use --init independent")
+        self.test_set = options.test_set
+        if self.test_set == "auto":
+            self.test_set = "global" if self.partition.spec.split(":")[0] in GLOBAL_TEST_PARTITIONS else "local"
+        self._global_test: tuple[torch.Tensor, torch.Tensor] | None = None
+        record = self.partition.to_json(options.dataset, self.dataset.train_y.numpy(),
+                                        self.dataset.test_y.numpy(), self.archs)
+        env.write_json("partition.json", {**record, "test_set": self.test_set, "init": options.init})
         for note in self.partition.notes:
             if env.console is not None:
                 env.console.print(f"[yellow]partition: {note}")
@@ -84,21 +114,41 @@ class Workload:
     def clusters(self) -> list[int | None]:
         return [node.cluster for node in self.partition.nodes]
 
-    def model(self, node: int, name: str | None = None) -> torch.nn.Module:
+    def model(self, part: int, name: str | None = None) -> torch.nn.Module:
+        """Data holder `part`'s model: its own initial weights, or the common x0 (part 0's)."""
         o = self.options
+        d_p, hidden = self.projection if self.projection is not None else (None, 0)
         try:
-            return build_model(name or o.model, self.dataset.shape, self.num_classes, node=node,
-                               num_nodes=self.env.num_nodes, d_z=o.d_z, d_p=o.d_p, hidden=o.hidden,
-                               norm=o.norm, assign=o.model_assign, seed=self.env.seed).to(self.device)
+            return build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
+                               num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
+                               assign=o.model_assign, seed=self.env.seed,
+                               init_node=0 if o.init == "common" else part).to(self.device)
         except ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
-    def data(self, node: int) -> NodeTensors:
-        part, ds = self.partition.nodes[node], self.dataset
+    def data(self, part: int) -> NodeTensors:
+        """Data holder `part`'s splits; the test split is the whole one under --test-set global."""
+        node, ds = self.partition.nodes[part], self.dataset
+        test = self.global_test() if self.test_set == "global" else self._take(ds.test_x, ds.test_y, node.test)
+        return NodeTensors(*self._take(ds.train_x, ds.train_y, node.train),
+                           *self._take(ds.train_x, ds.train_y, node.val), *test, node.cluster, node.classes)
 
-        def take(x, y, idx):
-            idx = torch.as_tensor(idx, dtype=torch.long)
-            return normalise(x[idx], ds).to(self.device), y[idx].to(self.device)
+    def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole test split, normalised once and shared read-only by every node."""
+        if self._global_test is None:
+            ds = self.dataset
+            self._global_test = self._take(ds.test_x, ds.test_y, range(len(ds.test_y)))
+        return self._global_test
 
-        return NodeTensors(*take(ds.train_x, ds.train_y, part.train), *take(ds.train_x, ds.train_y, part.val),
-                           *take(ds.test_x, ds.test_y, part.test), part.cluster, part.classes)
+    def _take(self, x: torch.Tensor, y: torch.Tensor, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(idx, dtype=torch.long)
+        return normalise(x[idx], self.dataset, self.options.normalize).to(self.device), y[idx].to(self.device)
+
+
+def _check(o: WorkloadOptions) -> None:
+    for flag, value, allowed in (("norm", o.norm, NORMS), ("init", o.init, INITS),
+                                 ("test-set", o.test_set, TEST_SETS), ("normalize", o.normalize, NORMALIZATIONS)):
+        if value not in allowed:
+            raise WorkloadError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+    if o.eval_every < 1:
+        raise WorkloadError(f"--eval-every {o.eval_every}: must be at least 1")

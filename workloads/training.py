@@ -48,13 +48,9 @@ def accuracy(model, x, y, batch_size: int = 1024) -> float:
     return correct / len(y)
 
 
-def float_state(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
-    """The floating-point entries of a state dict (never counters such as num_batches_tracked).
-
-    Entries whose names start with a prefix in `skip` are left out (e.g. an unused projection head).
-    """
-    return {k: v.detach().clone() for k, v in module.state_dict().items()
-            if v.is_floating_point() and not k.startswith(skip)}
+def float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The floating-point entries of a state dict (never counters such as num_batches_tracked)."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
 
 
 @torch.no_grad()
