@@ -13,7 +13,6 @@ import time
 import torch
 
 import topologies
-from protocols.dfedavgm import SKIP
 from workloads.datasets import load_dataset, normalise
 from workloads.models import build_model
 from workloads.partitions import make_partition
@@ -38,8 +37,8 @@ def main() -> None:
     take = lambda x, y, idx: (normalise(x[torch.as_tensor(idx)], data), y[torch.as_tensor(idx)])
     train = [take(data.train_x, data.train_y, n.train) for n in part.nodes]
     test = [take(data.test_x, data.test_y, n.test) for n in part.nodes]
-    models = [build_model("cnn-small", data.shape, data.num_classes, node=i, num_nodes=args.nodes, seed=args.seed)
-              for i in range(args.nodes)]
+    models = [build_model("cnn-small", data.shape, data.num_classes, node=i, num_nodes=args.nodes, seed=args.seed,
+                          init_node=0) for i in range(args.nodes)]  # the common start, as dfedavgm's default
     generators = [torch.Generator().manual_seed(args.seed * 1_000_003 + i) for i in range(args.nodes)]
 
     start = time.perf_counter()
@@ -47,7 +46,7 @@ def main() -> None:
         for i, model in enumerate(models):
             sgd(model, *train[i], epochs=1, steps=0, lr=args.lr, momentum=0.9, weight_decay=5e-4,
                 batch_size=args.batch_size, generator=generators[i])
-        states = [float_state(m, SKIP) for m in models]
+        states = [float_state(m) for m in models]
         for i, model in enumerate(models):
             mix(model, weights[i][i], [(w, states[j]) for j, w in weights[i].items() if j != i])
         accuracies = [accuracy(m, *test[i]) for i, m in enumerate(models)]

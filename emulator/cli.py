@@ -26,6 +26,7 @@ from .protocol import protocols
 from .units import UnitError
 
 SUBCOMMANDS = {"report": "analysis.report", "sweep": "analysis.sweep"}
+OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +42,7 @@ def _add_field(group, name: str, default: Any, help_text: str) -> None:
     if isinstance(default, bool):
         group.add_argument(_flag(name), dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
     else:
-        kind = type(default) if isinstance(default, (int, float)) else str
+        kind = type(default) if isinstance(default, (int, float)) else OPTIONAL_INTS.get(name, str)
         group.add_argument(_flag(name), dest=name, type=kind, default=argparse.SUPPRESS,
                            metavar=name.upper(), help=f"{help_text} (default: {default})")
 
@@ -92,6 +93,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     false (YAML off) for one is 'none'."""
     if value is None:  # YAML null: the default
         return default
+    if default is None and name in OPTIONAL_INTS:
+        default = OPTIONAL_INTS[name]()
     if isinstance(default, str) and value is False:  # YAML off / no / false
         return "none"
     if isinstance(default, str) and isinstance(value, list):

@@ -22,7 +22,7 @@ class ConfigError(UsageError):
 class RunConfig:
     protocol: str = "mapl"
     topology: str = "mesh"
-    nodes: int = 10
+    nodes: int | None = None  # unset: DEFAULT_NODES, or the count of a topology or schedule file
     rounds: int = 20
     seed: int = 0
     clock: str = "virtual"
@@ -55,7 +55,7 @@ class RunConfig:
 HELP = {
     "protocol": "protocol to run (see --list-protocols)",
     "topology": "graph: a name with parameters (ring, torus, regular:d=4, er:p=0.3, ...) or an edge-list/GraphML path",
-    "nodes": "number of nodes (a topology file sets its own)",
+    "nodes": "number of nodes (unset: 10, or the count of a topology or schedule file, which must agree if set)",
     "rounds": "rounds each node runs",
     "seed": "seed of every random choice in the run",
     "clock": "virtual (emulated time; idle waits cost nothing) or real (wall clock on uvloop)",
@@ -95,6 +95,7 @@ HELP = {
     "quiet": "no progress bar or summary table",
 }
 
+DEFAULT_NODES = 10
 CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
@@ -112,7 +113,7 @@ def _choice(value: str, allowed: tuple, flag: str) -> None:
 
 def validate(config: RunConfig) -> None:
     """Raise ConfigError naming the first bad value."""
-    if config.nodes < 1:
+    if config.nodes is not None and config.nodes < 1:
         raise ConfigError(f"--nodes {config.nodes}: need at least 1 node")
     if config.rounds < 0:
         raise ConfigError(f"--rounds {config.rounds}: must not be negative")

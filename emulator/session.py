@@ -23,14 +23,25 @@ def build_graph(run: cfg.RunConfig):
 
 
 def build_topology(run: cfg.RunConfig):
-    """The round-0 graph and the time-varying schedule (None for a static topology)."""
+    """The round-0 graph and the time-varying schedule (None for a static topology).
+
+    A topology or schedule file owns the node count: an explicit --nodes must agree with it.
+    """
+    nodes = cfg.DEFAULT_NODES if run.nodes is None else run.nodes
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", topologies.TopologyWarning)
-            schedule = dynamics.schedule(run, run.nodes)
-            graph = topologies.build(run.topology, run.nodes, run.seed) if schedule is None else schedule.graph(0)
+            schedule = dynamics.schedule(run, nodes)
+            if schedule is not None:
+                graph = schedule.graph(0)
+            else:
+                from_file = topologies.files.looks_like_path(run.topology.strip())
+                graph = topologies.build(run.topology, run.nodes if from_file else nodes, run.seed)
     except topologies.TopologyError as exc:
         raise UsageError(f"--topology {run.topology}: {exc}") from None
+    if schedule is not None and run.nodes is not None and schedule.num_nodes != run.nodes:
+        raise UsageError(f"--topology-schedule {run.topology_schedule}: has {schedule.num_nodes} nodes but "
+                         f"--nodes {run.nodes}; leave --nodes unset to use the file's node count")
     for warning in caught:
         warnings.warn(str(warning.message), warning.category)
     return graph, schedule

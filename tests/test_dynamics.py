@@ -418,3 +418,28 @@ def test_node_generators_are_independent_of_the_scenario_generators():
 
     emulate(run, nx.empty_graph(200))
     assert draws and draws[0] != np.random.default_rng([0, 0xC7]).random(4).tolist()
+
+
+@pytest.mark.parametrize("kind", ["schedule", "topology"])
+def test_a_file_owns_the_node_count(tmp_path, capsys, kind):
+    edges = [(i, (i + 1) % 12) for i in range(12)]
+    if kind == "schedule":
+        path = tmp_path / "ring.csv"
+        path.write_text("round,src,dst\n" + "".join(f"0,{u},{v}\n" for u, v in edges))
+        flags = ["--topology-schedule", str(path)]
+    else:
+        path = tmp_path / "ring.edgelist"
+        path.write_text("".join(f"{u} {v}\n" for u, v in edges))
+        flags = ["--topology", str(path)]
+    unset = _run(tmp_path / "unset", "--protocol", "gossip", "--rounds", "1", *flags)
+    assert unset["summary"]["nodes"] == 12
+    agreeing = _run(tmp_path / "agree", "--protocol", "gossip", "--rounds", "1", "--nodes", "12", *flags)
+    assert agreeing["summary"]["nodes"] == 12
+    assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), "--nodes", "16", *flags]) == 2
+    line = assert_one_line_error(capsys, "12 nodes")
+    assert "16" in line and "unset" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_nodes_default_to_ten_without_a_file(tmp_path):
+    assert _run(tmp_path / "r", "--protocol", "gossip", "--rounds", "1")["summary"]["nodes"] == 10
