@@ -11,8 +11,9 @@ backbones, d_z = d_p = 128, head width 512). A round takes about 0.15 s
 is left out of that round. Churn levels (exponential up/down periods per node):
 none; mild, up 4 s / down 1 s (a node is offline about 20% of the time); heavy,
 up 1 s / down 1 s (about 50%). "offline" is the measured share of node-time spent
-offline (availability.jsonl). Accuracy is each node's own test split at the last
-round, mean over nodes and seeds (± std over seeds when there are several).
+offline (availability.jsonl). Accuracy at the last round, mean over nodes and seeds
+(± std over seeds when there are several), on the whole test split for iid and on each
+node's own split for s1 (--test-set auto).
 
 Every run goes through emulator.cli.main into OUT/<setup>-<level>-s<seed> (kept:
 a rerun reuses finished runs); the Markdown table is OUT/churn_study.md (also printed).

@@ -85,6 +85,8 @@ class Workload:
                                             self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, env.seed, options.val_fraction)
             self.archs = [assigned_arch(options.model, i, options.model_assign, env.seed) for i in range(parts)]
+            # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
+            build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z)
         except (DatasetError, PartitionError, ModelError) as exc:
             raise WorkloadError(str(exc)) from None
         archs = sorted(set(self.archs))

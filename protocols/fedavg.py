@@ -1,0 +1,148 @@
+"""FedAvg (McMahan et al., 2017): a server node and clients that hold the data.
+
+The server is the node of highest degree (ties: the lowest id); it must be adjacent to
+every other node (--topology star, or mesh). Each round r:
+  1. the server samples --clients-per-round clients (0: all) and sends them the global model x;
+  2. each sampled client k loads x, runs local SGD on its n_k samples, sends back (x_k, n_k);
+  3. the server sets x <- sum_k n_k x_k / sum_k n_k over the updates heard before --timeout
+     (none heard: x stays). Only floating-point tensors are averaged.
+Unsampled clients get an empty message, so every client follows the server's rounds.
+The server holds no data: the partition has one part per client. Under --test-set global the
+server scores x; under --test-set local each sampled client scores the x it received on its own
+test split, before training on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from emulator.errors import UsageError
+from emulator.protocol import register
+from workloads.task import WorkloadOptions
+from workloads.training import float_state, mix
+
+from .base import LearningProtocol
+
+
+@dataclass
+class FedAvgOptions(WorkloadOptions):
+    local_epochs: int = field(default=1, metadata={"help": "local epochs per round"})
+    local_steps: int = field(default=0, metadata={"help": "local SGD steps per round (0: use --local-epochs)"})
+    lr: float = field(default=0.05, metadata={"help": "learning rate"})
+    momentum: float = field(default=0.0, metadata={"help": "heavy-ball momentum"})
+    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
+    batch_size: int = field(default=32, metadata={"help": "local batch size"})
+    clients_per_round: int = field(default=0, metadata={
+        "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
+    timeout: float = field(default=60.0, metadata={
+        "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model)"})
+
+    def validate(self):
+        checks = [("lr", self.lr > 0, "must be positive"), ("timeout", self.timeout > 0, "must be positive"),
+                  ("batch-size", self.batch_size >= 1, "must be at least 1"),
+                  ("local-epochs", self.local_epochs >= 1, "must be at least 1"),
+                  ("local-steps", self.local_steps >= 0, "must not be negative"),
+                  ("momentum", self.momentum >= 0, "must not be negative"),
+                  ("weight-decay", self.weight_decay >= 0, "must not be negative"),
+                  ("clients-per-round", self.clients_per_round >= 0, "must not be negative (0: all clients)")]
+        for flag, ok, problem in checks:
+            if not ok:
+                raise UsageError(f"--{flag} {getattr(self, flag.replace('-', '_'))}: {problem}")
+        if self.init != "common":
+            raise UsageError(f"--init {self.init}: fedavg has one global model; use --init common")
+
+
+def average(model, updates: list[tuple[int, dict]]) -> None:
+    """x <- sum_k n_k x_k / sum_k n_k over the (n_k, state_k) pairs, in place; no samples: x stays."""
+    total = sum(n for n, _ in updates)
+    if total:
+        mix(model, 0.0, [(n / total, state) for n, state in updates])
+
+
+@register("fedavg")
+class FedAvg(LearningProtocol):
+    """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
+    Options = FedAvgOptions
+    averages_models = True
+
+    def __init__(self, options, env):
+        graph = env.graph
+        self.server = max(graph.nodes, key=lambda i: (graph.degree(i), -i))
+        self.clients = sorted(i for i in graph.nodes if i != self.server)
+        if not self.clients or not all(graph.has_edge(self.server, c) and graph.has_edge(c, self.server)
+                                       for c in self.clients):
+            raise UsageError("fedavg needs a server adjacent to every node, e.g. --topology star")
+        if options.clients_per_round > len(self.clients):
+            raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
+                             f"{len(self.clients)} clients (node {self.server} is the server)")
+        super().__init__(options, env, parts=len(self.clients))
+        self.part = {client: part for part, client in enumerate(self.clients)}
+
+    async def run(self, node):
+        await (self._serve(node) if node.id == self.server else self._client(node))
+
+    async def run_no_rounds(self, node):
+        """--rounds 0: the scores a round would log, of the initial global model."""
+        if node.id == self.server:
+            if self.workload.test_set == "global":
+                node.log(test_acc=await self.accuracy(node, self.workload.model(0), self._global_test()))
+        elif self.workload.test_set == "local":
+            part = self.part[node.id]
+            node.log(test_acc=await self.accuracy(node, self.workload.model(0), self.workload.data(part)))
+
+    async def _serve(self, node):
+        o = self.options
+        model = self.workload.model(0)  # the common start x0
+        test = self._global_test() if self.workload.test_set == "global" else None
+        for _ in node.rounds():
+            sampled = self._sample(node)
+            node.broadcast("model", {"state": float_state(model)}, to=sampled)
+            # The others get an empty model, so every client hears from the server every round: an
+            # unsampled one ends its round now instead of waiting out the silence, which then means
+            # only that the server is down.
+            node.broadcast("model", None, to=[c for c in self.clients if c not in sampled])
+            updates = await node.gather("update", peers=sampled, timeout=o.timeout)
+            average(model, [(m.body["samples"], m.body["state"]) for m in updates.values()])
+            scores = await self.evaluate(node, model, test) if test is not None else {}
+            node.log(heard_from=len(updates), **scores)
+
+    def _sample(self, node) -> list[int]:
+        k = self.options.clients_per_round
+        if k == 0 or k == len(self.clients):
+            return self.clients
+        return sorted(node.rng.sample(self.clients, k))
+
+    async def _client(self, node):
+        part = self.part[node.id]
+        model, data = self.workload.model(part), self.workload.data(part)
+        message = None
+        for _ in node.rounds():
+            if message is None or message.round < node.round:
+                message = await self._next_model(node)
+            if message is None or message.round > node.round or message.body is None:
+                continue  # the server fell silent; or it is rounds ahead (skip to its round); or not sampled
+            model.load_state_dict(message.body["state"], strict=False)
+            scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
+            loss = await self.train(node, model, data)
+            node.send(self.server, "update", {"state": float_state(model), "samples": len(data.train_y)})
+            node.log(train_loss=loss, **scores)
+
+    async def _next_model(self, node):
+        """The server's message for this round or a later one; None once the server has been silent too long.
+
+        Between two messages to a client the server may wait out --timeout for a silent client and
+        then evaluate, so a client waits twice that: a client that gives up on a live server runs a
+        round ahead and misses its models. A message of an earlier round is dropped but restarts the
+        wait: the server is alive and catching up after it was offline.
+        """
+        while (message := await node.recv(timeout=2 * self.options.timeout, kind="model")) is not None:
+            if message.round >= node.round:
+                return message
+        return None
+
+    def _global_test(self):
+        x, y = self.workload.global_test()
+        return SimpleNamespace(test_x=x, test_y=y)
+
+    def summary(self):
+        return {"server": self.server}
