@@ -1,14 +1,47 @@
 """What the learning protocols share: the workload, evaluation, and the consensus observer."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 import torch
 
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
-from workloads.task import Workload, WorkloadError
+from workloads.task import Workload, WorkloadError, WorkloadOptions
 from workloads.training import accuracy, flat, sgd
 
 EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per sample
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class TrainingOptions(WorkloadOptions):
+    """Local SGD, as LearningProtocol.train runs it; checked once here."""
+    local_epochs: int = field(default=1, metadata=_help("local epochs per round"))
+    local_steps: int = field(default=0, metadata=_help("local SGD steps per round (0: use --local-epochs)"))
+    lr: float = field(default=0.05, metadata=_help("learning rate"))
+    momentum: float = field(default=0.9, metadata=_help("heavy-ball momentum"))
+    weight_decay: float = field(default=5e-4, metadata=_help("weight decay"))
+    batch_size: int = field(default=32, metadata=_help("local batch size"))
+
+    def validate(self):
+        checks = [("lr", self.lr > 0, "must be positive"),
+                  ("batch-size", self.batch_size >= 1, "must be at least 1"),
+                  ("local-epochs", self.local_epochs >= 1, "must be at least 1"),
+                  ("local-steps", self.local_steps >= 0, "must not be negative"),
+                  ("momentum", self.momentum >= 0, "must not be negative"),
+                  ("weight-decay", self.weight_decay >= 0, "must not be negative")]
+        for flag, ok, problem in checks:
+            if not ok:
+                raise UsageError(f"--{flag} {getattr(self, flag.replace('-', '_'))}: {problem}")
+
+
+def default(options: type, name: str, value):
+    """A field of `options` with another default, keeping its help text."""
+    return field(default=value, metadata={f.name: f for f in fields(options)}[name].metadata)
 
 
 class LearningProtocol(Protocol):

@@ -18,32 +18,22 @@ from dataclasses import dataclass, field
 from emulator.errors import UsageError
 from emulator.protocol import register
 from topologies import neighbour_weight
-from workloads.task import WorkloadOptions
 from workloads.training import float_state, mix
 
-from .base import LearningProtocol
+from .base import LearningProtocol, TrainingOptions
 
 
 @dataclass
-class DFedAvgMOptions(WorkloadOptions):
-    local_epochs: int = field(default=1, metadata={"help": "local epochs per round"})
-    local_steps: int = field(default=0, metadata={"help": "local SGD steps per round (0: use --local-epochs)"})
-    lr: float = field(default=0.05, metadata={"help": "learning rate"})
-    momentum: float = field(default=0.9, metadata={"help": "heavy-ball momentum"})
-    weight_decay: float = field(default=5e-4, metadata={"help": "weight decay"})
-    batch_size: int = field(default=32, metadata={"help": "local batch size"})
+class DFedAvgMOptions(TrainingOptions):
     mixing: str = field(default="mh", metadata={"help": "mixing weights: mh (Metropolis-Hastings) or uniform"})
     timeout: float = field(default=60.0, metadata={"help": "emulated seconds to wait for neighbours' messages"})
 
     def validate(self):
+        super().validate()
         if self.mixing not in ("mh", "uniform"):
             raise UsageError(f"--mixing {self.mixing!r}: choose mh or uniform")
-        if self.lr <= 0 or self.batch_size < 1 or self.timeout <= 0:
-            raise UsageError("--lr and --timeout must be positive and --batch-size at least 1")
-        if self.local_steps < 0 or self.local_epochs < 1:
-            raise UsageError("--local-epochs must be at least 1 and --local-steps not negative")
-
-
+        if not self.timeout > 0:
+            raise UsageError(f"--timeout {self.timeout}: must be positive")
 
 
 @register("dfedavgm")

@@ -18,36 +18,26 @@ from types import SimpleNamespace
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.task import WorkloadOptions
 from workloads.training import float_state, mix
 
-from .base import LearningProtocol
+from .base import LearningProtocol, TrainingOptions, default
 
 
 @dataclass
-class FedAvgOptions(WorkloadOptions):
-    local_epochs: int = field(default=1, metadata={"help": "local epochs per round"})
-    local_steps: int = field(default=0, metadata={"help": "local SGD steps per round (0: use --local-epochs)"})
-    lr: float = field(default=0.05, metadata={"help": "learning rate"})
-    momentum: float = field(default=0.0, metadata={"help": "heavy-ball momentum"})
-    weight_decay: float = field(default=0.0, metadata={"help": "weight decay"})
-    batch_size: int = field(default=32, metadata={"help": "local batch size"})
+class FedAvgOptions(TrainingOptions):
+    momentum: float = default(TrainingOptions, "momentum", 0.0)
+    weight_decay: float = default(TrainingOptions, "weight_decay", 0.0)
     clients_per_round: int = field(default=0, metadata={
         "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
     timeout: float = field(default=60.0, metadata={
         "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model)"})
 
     def validate(self):
-        checks = [("lr", self.lr > 0, "must be positive"), ("timeout", self.timeout > 0, "must be positive"),
-                  ("batch-size", self.batch_size >= 1, "must be at least 1"),
-                  ("local-epochs", self.local_epochs >= 1, "must be at least 1"),
-                  ("local-steps", self.local_steps >= 0, "must not be negative"),
-                  ("momentum", self.momentum >= 0, "must not be negative"),
-                  ("weight-decay", self.weight_decay >= 0, "must not be negative"),
-                  ("clients-per-round", self.clients_per_round >= 0, "must not be negative (0: all clients)")]
-        for flag, ok, problem in checks:
-            if not ok:
-                raise UsageError(f"--{flag} {getattr(self, flag.replace('-', '_'))}: {problem}")
+        super().validate()
+        if not self.timeout > 0:
+            raise UsageError(f"--timeout {self.timeout}: must be positive")
+        if self.clients_per_round < 0:
+            raise UsageError(f"--clients-per-round {self.clients_per_round}: must not be negative (0: all clients)")
         if self.init != "common":
             raise UsageError(f"--init {self.init}: fedavg has one global model; use --init common")
 

@@ -1,18 +1,17 @@
 """Local: every node trains on its own data and never communicates — the floor personalised methods must beat."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 from emulator.protocol import register
-from workloads.task import WorkloadOptions
 
-from .base import LearningProtocol
+from .base import LearningProtocol, default
 from .dfedavgm import DFedAvgMOptions
 
 
 @dataclass
 class LocalOptions(DFedAvgMOptions):
-    init: str = field(default="independent", metadata={f.name: f for f in fields(WorkloadOptions)}["init"].metadata)
+    init: str = default(DFedAvgMOptions, "init", "independent")
 
 
 @register("local")

@@ -1,0 +1,95 @@
+"""Gossip learning through the real network path."""
+import json
+from collections import Counter
+
+import pytest
+
+from emulator import wire
+from emulator.cli import main
+from tests.conftest import assert_one_line_error
+from workloads.models import build_model
+from workloads.training import float_state
+
+N = 16
+RING16 = ["--topology", "ring", "--nodes", str(N), "--dataset", "digits", "--partition", "iid",
+          "--model", "mlp:hidden=64", "--quiet", "--no-plots"]
+
+
+def _run(out, *args):
+    assert main([*RING16, *args, "--out", str(out)]) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return json.loads((out / "summary.json").read_text()), metrics
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gossip-learning") / "traced"
+    summary, metrics = _run(out, "--protocol", "gossip-learning", "--rounds", "10", "--trace")
+    return summary, metrics, out
+
+
+def test_each_node_pushes_one_model_to_one_ring_neighbour_per_round(traced):
+    summary, _, out = traced
+    messages = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
+    assert summary["messages_total"] == len(messages) == N * 10
+    assert Counter((m["round"], m["src"]) for m in messages) == {(r, i): 1 for r in range(10) for i in range(N)}
+    assert all((m["dst"] - m["src"]) % N in (1, N - 1) for m in messages)
+    # Ages stay below 128 in 10 rounds, so every frame has the size of round 0's.
+    model = build_model("mlp:hidden=64", (1, 8, 8), 10)
+    expected = len(wire.encode(["model", 0, {"state": float_state(model), "age": 0}]))
+    assert {m["bytes"] for m in messages} == {expected}
+
+
+def test_every_round_trains_by_default(traced):
+    _, metrics, _ = traced
+    assert len(metrics) == N * 10
+    assert all("train_loss" in r for r in metrics)
+    assert sum(r["heard_from"] for r in metrics) == N * 10  # every push arrives on a fault-free ring
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_matches_dfedavgm_with_the_same_training(tmp_path, seed):
+    """One local epoch per node per round in both, same optimiser: gossip learning ends within 3 points."""
+    args = ["--rounds", "100", "--eval-every", "100", "--seed", str(seed)]
+    gossip, _ = _run(tmp_path / "gossip", "--protocol", "gossip-learning", *args)
+    dfedavgm, _ = _run(tmp_path / "dfedavgm", "--protocol", "dfedavgm", *args)
+    assert dfedavgm["final"]["test_acc"] >= 0.85
+    assert gossip["final"]["test_acc"] >= 0.85
+    assert gossip["final"]["test_acc"] >= dfedavgm["final"]["test_acc"] - 0.03
+
+
+def test_churn_drops_pushes_and_every_round_completes(tmp_path):
+    summary, metrics = _run(tmp_path / "churn", "--protocol", "gossip-learning", "--rounds", "10",
+                            "--churn", "up=2s,down=1s")
+    assert sorted((r["round"], r["node"]) for r in metrics) == [(r, i) for r in range(10) for i in range(N)]
+    assert summary["dropped_offline"] > 0
+    assert summary["messages_total"] == N * 10
+
+
+def test_train_on_receipt_only_skips_silent_rounds(tmp_path):
+    _, metrics = _run(tmp_path / "receipt", "--protocol", "gossip-learning", "--rounds", "10",
+                      "--train-on-receipt-only")
+    silent = [r for r in metrics if r["heard_from"] == 0]
+    assert silent and len(silent) < len(metrics)
+    assert all(("train_loss" in r) == (r["heard_from"] > 0) for r in metrics)
+
+
+def test_age_weighted_merge_learns(tmp_path):
+    summary, _ = _run(tmp_path / "age", "--protocol", "gossip-learning", "--rounds", "40", "--eval-every", "40",
+                      "--merge", "age")
+    assert summary["final"]["test_acc"] >= 0.8
+
+
+def test_an_unknown_merge_exits_2_with_one_line(tmp_path, capsys):
+    assert main([*RING16, "--protocol", "gossip-learning", "--rounds", "1", "--merge", "x",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert_one_line_error(capsys, "--merge")
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_the_same_seed_gives_identical_files(tmp_path, traced):
+    _, _, first = traced
+    second = tmp_path / "again"
+    _run(second, "--protocol", "gossip-learning", "--rounds", "10", "--trace")
+    for name in ("metrics.jsonl", "links.csv"):
+        assert (first / name).read_bytes() == (second / name).read_bytes()
