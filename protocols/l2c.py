@@ -27,7 +27,7 @@ its largest non-self weights are exactly its same-task neighbours.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,28 +36,23 @@ from emulator.protocol import register
 from workloads.task import WorkloadOptions
 from workloads.training import difference, float_state, inner, loss_gradient
 
-from .base import LearningProtocol
+from .base import LearningProtocol, default
 from .dfedavgm import DFedAvgMOptions
 
 
 
-def _like(options: type, name: str, default):
-    """Another protocol's option with the same help text and a different default."""
-    return field(default=default, metadata={f.name: f for f in fields(options)}[name].metadata)
-
-
 @dataclass
 class L2COptions(WorkloadOptions):
-    partition: str = _like(WorkloadOptions, "partition", "shards:n=2")
-    val_fraction: float = _like(WorkloadOptions, "val_fraction", 0.2)
-    norm: str = _like(WorkloadOptions, "norm", "group")  # the paper replaces BatchNorm by GroupNorm
-    local_epochs: int = _like(DFedAvgMOptions, "local_epochs", 5)
-    local_steps: int = _like(DFedAvgMOptions, "local_steps", 0)
-    lr: float = _like(DFedAvgMOptions, "lr", 0.01)
-    momentum: float = _like(DFedAvgMOptions, "momentum", 0.0)
-    weight_decay: float = _like(DFedAvgMOptions, "weight_decay", 5e-4)
-    batch_size: int = _like(DFedAvgMOptions, "batch_size", 10)
-    timeout: float = _like(DFedAvgMOptions, "timeout", 60.0)
+    partition: str = default(WorkloadOptions, "partition", "shards:n=2")
+    val_fraction: float = default(WorkloadOptions, "val_fraction", 0.2)
+    norm: str = default(WorkloadOptions, "norm", "group")  # the paper replaces BatchNorm by GroupNorm
+    local_epochs: int = default(DFedAvgMOptions, "local_epochs", 5)
+    local_steps: int = default(DFedAvgMOptions, "local_steps", 0)
+    lr: float = default(DFedAvgMOptions, "lr", 0.01)
+    momentum: float = default(DFedAvgMOptions, "momentum", 0.0)
+    weight_decay: float = default(DFedAvgMOptions, "weight_decay", 5e-4)
+    batch_size: int = default(DFedAvgMOptions, "batch_size", 10)
+    timeout: float = default(DFedAvgMOptions, "timeout", 60.0)
     alpha_lr: float = field(default=0.1, metadata={
         "help": "AdamW learning rate of the mixing parameters (L2C: logits alpha; meta-L2C: the encoder)"})
     alpha_weight_decay: float = field(default=0.01, metadata={

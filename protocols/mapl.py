@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -67,17 +67,11 @@ from workloads.augment import TwoViews
 from workloads.task import WorkloadOptions
 from workloads.training import batches, float_state, mix
 
-from .base import LearningProtocol
+from .base import LearningProtocol, default
 
 KIND, DROP = "mapl", "drop"
 ADAM_BETA2 = 0.999  # paper and code
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
-
-
-def _workload_default(name: str, value):
-    """Override a WorkloadOptions default, keeping its help text."""
-    inherited = {f.name: f for f in fields(WorkloadOptions)}[name]
-    return field(default=value, metadata=inherited.metadata)
 
 
 def _help(text: str) -> dict:
@@ -86,11 +80,11 @@ def _help(text: str) -> dict:
 
 @dataclass
 class MapLOptions(WorkloadOptions):
-    dataset: str = _workload_default("dataset", "digits")
-    partition: str = _workload_default("partition", "mapl:scenario=1")
-    model: str = _workload_default("model", "hetero-small")
-    d_z: int = _workload_default("d_z", 128)
-    init: str = _workload_default("init", "independent")  # heterogeneous backbones cannot share one x0
+    dataset: str = default(WorkloadOptions, "dataset", "digits")
+    partition: str = default(WorkloadOptions, "partition", "mapl:scenario=1")
+    model: str = default(WorkloadOptions, "model", "hetero-small")
+    d_z: int = default(WorkloadOptions, "d_z", 128)
+    init: str = default(WorkloadOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
     d_p: int = field(default=128, metadata=_help("MAPL: prototype and projection width (paper 512)"))
     projection_hidden: int = field(default=512, metadata=_help("MAPL: projection head hidden width (paper 4096)"))
     local_epochs: int = field(default=2, metadata=_help("local epochs per round (paper: 1)"))
@@ -432,8 +426,8 @@ class MAPL(LearningProtocol):
 
 @dataclass
 class MapLPlusOptions(MapLOptions):
-    model: str = _workload_default("model", "cnn-small")
-    init: str = _workload_default("init", "common")
+    model: str = default(WorkloadOptions, "model", "cnn-small")
+    init: str = default(WorkloadOptions, "init", "common")
 
     def validate(self):
         super().validate()
