@@ -291,16 +291,7 @@ def build_model(
         raise ModelError(f"node {node} is outside 0..{num_nodes - 1}")
     if len(in_shape) != 3 or min(in_shape) < 1:
         raise ModelError(f"input shape must be (channels, height, width), got {tuple(in_shape)}")
-    builder, bias = _BUILDERS[arch], False
-    if arch == "mlp" and widths:
-        # A shaped MLP is the plain one of the literature: its last hidden layer is the
-        # latent, and the classifier has a bias.
-        builder, d_z, bias = functools.partial(_mlp, hidden=widths[:-1]), widths[-1], True
-    elif arch == "cnn-small" and widths:
-        if 2 ** len(widths) > min(in_shape[1:]):
-            raise ModelError(f"model {spec!r}: {len(widths)} conv layers halve a {in_shape[1]}x{in_shape[2]} "
-                             f"image to nothing; use at most {int(math.log2(min(in_shape[1:])))}")
-        builder = functools.partial(_cnn_small, channels=widths)
+    builder, d_z, bias = _shaped(spec, arch, widths, tuple(in_shape), d_z) if widths else (_BUILDERS[arch], d_z, False)
     # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
     with _RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(seed * 100003 + (node if init_node is None else init_node))
@@ -308,6 +299,17 @@ def build_model(
     if norm == "group":
         _to_group_norm(model)
     return model
+
+
+def _shaped(spec: str, arch: str, widths: tuple[int, ...], in_shape: tuple[int, int, int], d_z: int):
+    """(backbone builder, d_z, classifier bias) of a shaped mlp or cnn-small."""
+    if arch == "mlp":
+        # The plain MLP of the literature: its last hidden layer is the latent, the classifier has a bias.
+        return functools.partial(_mlp, hidden=widths[:-1]), widths[-1], True
+    if 2 ** len(widths) > min(in_shape[1:]):
+        raise ModelError(f"model {spec!r}: {len(widths)} conv layers halve a {in_shape[1]}x{in_shape[2]} "
+                         f"image to nothing; use at most {int(math.log2(min(in_shape[1:])))}")
+    return functools.partial(_cnn_small, channels=widths), d_z, False
 
 
 def _num_groups(channels: int) -> int:
