@@ -85,22 +85,23 @@ class FedAvg(LearningProtocol):
         model = self.workload.model(0)  # the common start x0
         test = self._global_test() if self.workload.test_set == "global" else None
         for _ in node.rounds():
-            sampled = self._sample(node)
+            reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
+            sampled = self._sample(node, reachable)
             node.broadcast("model", {"state": float_state(model)}, to=sampled)
             # The others get an empty model, so every client hears from the server every round: an
             # unsampled one ends its round now instead of waiting out the silence, which then means
             # only that the server is down.
-            node.broadcast("model", None, to=[c for c in self.clients if c not in sampled])
+            node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sampled, timeout=o.timeout)
             average(model, [(m.body["samples"], m.body["state"]) for m in updates.values()])
             scores = await self.evaluate(node, model, test) if test is not None else {}
             node.log(heard_from=len(updates), **scores)
 
-    def _sample(self, node) -> list[int]:
+    def _sample(self, node, reachable: list[int]) -> list[int]:
         k = self.options.clients_per_round
-        if k == 0 or k == len(self.clients):
-            return self.clients
-        return sorted(node.rng.sample(self.clients, k))
+        if k == 0 or k >= len(reachable):
+            return list(reachable)
+        return sorted(node.rng.sample(reachable, k))
 
     async def _client(self, node):
         part = self.part[node.id]
@@ -114,7 +115,8 @@ class FedAvg(LearningProtocol):
             model.load_state_dict(message.body["state"], strict=False)
             scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
             loss = await self.train(node, model, data)
-            node.send(self.server, "update", {"state": float_state(model), "samples": len(data.train_y)})
+            if self.server in node.neighbours:
+                node.send(self.server, "update", {"state": float_state(model), "samples": len(data.train_y)})
             node.log(train_loss=loss, **scores)
 
     async def _next_model(self, node):

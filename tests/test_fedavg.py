@@ -125,3 +125,13 @@ def test_churn_drops_messages_and_the_run_completes(tmp_path):
     server = [r for r in metrics if r["node"] == 0]
     assert [r["round"] for r in server] == list(range(ROUNDS))
     assert 0 < sum(r["heard_from"] for r in server) < 8 * ROUNDS
+
+
+def test_a_schedule_that_cuts_a_client_off_leaves_it_out_of_those_rounds(tmp_path):
+    schedule = tmp_path / "star.csv"  # round 0: a star of 4; round 1: client 3 cut off; then it repeats
+    schedule.write_text("round,src,dst\n0,0,1\n0,0,2\n0,0,3\n1,0,1\n1,0,2\n")
+    summary, metrics = _run(tmp_path / "r", *DIGITS, "--topology-schedule", str(schedule), "--rounds", "4",
+                            "--timeout", "1")
+    heard = [row["heard_from"] for row in metrics if row["node"] == 0]
+    assert heard == [3, 2, 3, 2]
+    assert summary["messages_total"] == 3 * 2 + 2 * 2 + 3 * 2 + 2 * 2
