@@ -8,6 +8,8 @@
 - `link_bytes_topology.png`: the graph, each edge as wide as the bytes it carried;
 - `learned_graph.png` (mapl, l2c: graph.jsonl): the mixing matrix W after warm-up,
   half-way and at the end;
+- `cluster_graph.png` (mapl with a clustered partition): the weight each node puts
+  on its own cluster, and the mean similarity c_ij within and across clusters;
 - `availability.png` (churn: availability.jsonl): when each node was up.
 
 Figures are built without pyplot (no global figure registry, no display: PNGs go
@@ -212,6 +214,40 @@ def learned_graph_plot(run: Run, plots: Path) -> list[Path]:
     return [_save(fig, plots / "learned_graph.png")]
 
 
+def cluster_similarity(rows: list[dict], clusters: dict[int, int]) -> dict[str, tuple[list[int], list[float]]]:
+    """graph.jsonl rows -> {"within cluster": (rounds, mean c_ij), "across clusters": (...)} over the rounds
+    in which nodes learned the graph (rows with similarities)."""
+    pairs: dict[str, dict[int, list[float]]] = {"within cluster": {}, "across clusters": {}}
+    for row in rows:
+        i = int(row["node"])
+        for j, c in (row.get("similarity") or {}).items():
+            side = "within cluster" if clusters.get(int(j)) == clusters.get(i) else "across clusters"
+            pairs[side].setdefault(int(row["round"]), []).append(float(c))
+    return {side: (sorted(by), [float(np.mean(by[r])) for r in sorted(by)]) for side, by in pairs.items()}
+
+
+def cluster_plot(run: Run, plots: Path) -> list[Path]:
+    """Left: the weight each node puts on its own cluster; right: mean c_ij within and across clusters."""
+    rows, clusters, mass = run.stream("graph"), run.clusters, run.curves("within_cluster")
+    if not rows or clusters is None or mass is None or np.all(np.isnan(mass.values)):
+        return []
+    fig = _figure(10.0, 4.0)
+    left, right = fig.subplots(1, 2)
+    nodes = np.stack([_node_x(mass, "round"), mass.values], axis=-1)
+    left.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7, label="each node"),
+                        autolim=True)
+    _band(left, mass.rounds, mass, "C0", linewidth=2, label="mean ± std over nodes")
+    _label_axes(left, "round", "weight on own cluster (w_ii included)")
+    left.set_ylim(-0.02, 1.02)
+    left.legend(fontsize=8)
+    for (side, (rounds, mean)), color in zip(cluster_similarity(rows, clusters).items(), ("C2", "C3")):
+        right.plot(rounds, mean, color=color, marker="o" if len(rounds) < 3 else None, label=side)
+    _label_axes(right, "round", "mean similarity c_ij")
+    right.legend(fontsize=8)
+    fig.suptitle(f"{run.name}: graph learning against the partition's clusters ({run.protocol})", fontsize=10)
+    return [_save(fig, plots / "cluster_graph.png")]
+
+
 def availability_plot(run: Run, plots: Path) -> list[Path]:
     rows = [r for r in run.stream("availability") or () if "node" in r and "t_down" in r]
     if not rows:
@@ -236,7 +272,7 @@ def availability_plot(run: Run, plots: Path) -> list[Path]:
     return [_save(fig, plots / "availability.png")]
 
 
-PLOTS = (metric_plots, link_plots, learned_graph_plot, availability_plot)
+PLOTS = (metric_plots, link_plots, learned_graph_plot, cluster_plot, availability_plot)
 
 
 def plot_run(out_dir: Path) -> list[Path]:

@@ -205,6 +205,18 @@ class Run:
         file = self.path / f"{name}.jsonl"
         return read_jsonl(file) if file.is_file() else None
 
+    @cached_property
+    def clusters(self) -> dict[int, int] | None:
+        """Node -> cluster from partition.json, when the partition has clusters (mapl scenarios)."""
+        try:
+            nodes = json.loads((self.path / "partition.json").read_text())["nodes"]
+            clusters = {int(n["node"]): n["cluster"] for n in nodes}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not clusters or not all(isinstance(c, int) for c in clusters.values()):
+            return None
+        return clusters
+
     @property
     def total_bytes(self) -> float:
         return _number(self.summary.get("bytes_total"))

@@ -1,0 +1,108 @@
+"""MAPL's learned graph against the two clusters of scenario 1, over seeds and horizons.
+
+    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--jobs 2] [--out DIR]
+
+Each cell is one run of the user's command with nothing tuned (T_thr = rounds // 4):
+    emulate --topology mesh --protocol mapl --nodes M --partition mapl:scenario=1 --model hetero-small
+            --rounds R --seed S --classifier-rows RULE
+- digits: M = 10, seeds 0-4, rounds 20, 40 and 100 (about 10 minutes for one rule on 2 cores);
+- fashion-mnist: M = 20, seeds 0-2, rounds 20 and 40, at the CPU scale of experiments/mapl_table.py
+  (100 training samples per class, one local epoch, d_z = 128; about 40 minutes per rule).
+For each rule: the worst node's weight on its own cluster at the last round (w_ii included),
+the mean over nodes, and the last round's mean similarity c_ij within and across the
+clusters (across: "-" once every node has dropped the other cluster). `centred` is the
+default rule, `raw` the paper's and the authors' code's.
+
+Runs go to DIR/<dataset>-r<R>-s<S>-<rule> (default: a fresh temporary directory); with
+--out, a directory that already holds a finished run is reused, not rerun.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.plots import cluster_similarity  # noqa: E402
+from analysis.rundir import load_run  # noqa: E402
+from analysis.sweep import run_once  # noqa: E402
+
+SETUPS = {  # dataset -> (nodes, seeds, horizons, extra flags)
+    "digits": (10, range(5), (20, 40, 100), ["--partition", "mapl:scenario=1"]),
+    "fashion-mnist": (20, range(3), (20, 40), ["--partition", "mapl:scenario=1,samples=100,low=33,high=100",
+                                               "--local-epochs", "1", "--d-z", "128"]),
+}
+
+
+def argv(dataset: str, rounds: int, seed: int, rule: str) -> list[str]:
+    nodes, _, _, extra = SETUPS[dataset]
+    return ["--topology", "mesh", "--protocol", "mapl", "--nodes", str(nodes), "--dataset", dataset,
+            "--model", "hetero-small", "--rounds", str(rounds), "--seed", str(seed),
+            "--classifier-rows", rule, *extra]
+
+
+def measure(out: Path, flags: list[str]) -> dict:
+    """One run (or the finished one at `out`): within-cluster mass and last-round similarities."""
+    summary = run_once(out, flags)
+    run = load_run(out)
+    rows = run.stream("graph") or []
+    similarity = cluster_similarity([r for r in rows if r["round"] == max(r["round"] for r in rows)], run.clusters)
+    mass = summary["within_cluster_weight"].values()
+    return {"worst": min(mass), "mean": statistics.fmean(mass),
+            **{side: values[0] if values else None for side, (_, values) in similarity.items()}}
+
+
+def cells(args) -> list[tuple[str, int, int, str]]:
+    datasets = [args.only] if args.only else list(SETUPS)
+    return [(dataset, rounds, seed, rule) for dataset in datasets for rounds in SETUPS[dataset][2]
+            for seed in SETUPS[dataset][1] for rule in args.rules]
+
+
+def number(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def table(results: dict, args) -> Table:
+    out = Table(title="MAPL scenario 1: weight on the own cluster at the last round (worst node / mean)")
+    for column in ("dataset", "M", "rounds (T_thr)", "seed"):
+        out.add_column(column, justify="right")
+    for rule in args.rules:
+        for column in ("worst", "mean", "c within", "c across"):
+            out.add_column(f"{rule}: {column}", justify="right")
+    for dataset, rounds, seed in dict.fromkeys((d, r, s) for d, r, s, _ in results):
+        row = [dataset, str(SETUPS[dataset][0]), f"{rounds} ({rounds // 4})", str(seed)]
+        for rule in args.rules:
+            m = results[dataset, rounds, seed, rule]
+            row += [number(m["worst"]), number(m["mean"]), number(m["within cluster"]),
+                    number(m["across clusters"])]
+        out.add_row(*row)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rules", nargs="+", default=["centred", "raw"], choices=["centred", "raw"])
+    parser.add_argument("--only", choices=list(SETUPS))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (processes)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="mapl-clusters-"))
+    todo = cells(args)
+    with ProcessPoolExecutor(args.jobs) as pool:
+        futures = {cell: pool.submit(measure, out / "{}-r{}-s{}-{}".format(*cell), argv(*cell)) for cell in todo}
+        results = {cell: future.result() for cell, future in futures.items()}
+    console = Console(width=200)
+    console.print(table(results, args))
+    console.print(f"runs: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""MAPL's graph learning finds the two clusters of scenario 1 whatever the seed and the horizon.
+
+The user's command with nothing tuned: digits, M = 10, hetero-small, T_thr = rounds // 4.
+"""
+import json
+
+import pytest
+import torch
+
+from analysis.plots import cluster_similarity, plot_run
+from emulator.cli import main
+from protocols.mapl import classifier_similarity
+
+
+def jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rounds", [20, 40])
+@pytest.mark.parametrize("seed", range(5))
+def test_every_node_puts_its_weight_on_its_own_cluster(tmp_path, seed, rounds):
+    assert main(["--topology", "mesh", "--protocol", "mapl", "--nodes", "10", "--dataset", "digits",
+                 "--partition", "mapl:scenario=1", "--model", "hetero-small", "--rounds", str(rounds),
+                 "--seed", str(seed), "--quiet", "--no-plots", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert min(summary["within_cluster_weight"].values()) >= 0.9
+    # what the nodes compared: every learned row scores its own cluster above the other one
+    cluster = {n["node"]: n["cluster"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]}
+    first = min(row["round"] for row in jsonl(tmp_path / "graph.jsonl") if row["similarity"])
+    assert first == rounds // 4
+    for row in jsonl(tmp_path / "graph.jsonl"):
+        if row["round"] == first:
+            c = {int(j): s for j, s in row["similarity"].items()}
+            assert len(c) == 9
+            assert min(s for j, s in c.items() if cluster[j] == cluster[row["node"]]) > \
+                max(s for j, s in c.items() if cluster[j] != cluster[row["node"]])
+
+
+def test_graph_rows_carry_the_similarities_used_and_the_cluster_plot_shows_them(tmp_path):
+    assert main(["--protocol", "mapl", "--nodes", "4", "--rounds", "3", "--t-thr", "1", "--dataset", "digits",
+                 "--partition", "mapl:scenario=1,samples=10,test=3", "--d-z", "16", "--d-p", "8",
+                 "--projection-hidden", "16", "--quiet", "--out", str(tmp_path)]) == 0
+    rows = jsonl(tmp_path / "graph.jsonl")
+    assert all(row["similarity"] == {} for row in rows if row["round"] == 0)  # before T_thr: no graph learning
+    for row in rows:
+        if row["round"] >= 1:
+            # the neighbours still linked at the start of the round, each with a cosine
+            assert set(row["similarity"]) <= {str(j) for j in range(4)} - {str(row["node"])}
+            assert all(-1 <= c <= 1 for c in row["similarity"].values())
+    assert rows[-1]["similarity"] or rows[-1]["weights"][str(rows[-1]["node"])] == 1.0
+    assert (tmp_path / "plots" / "cluster_graph.png").is_file()
+    clusters = {0: 0, 1: 0, 2: 1, 3: 1}
+    means = cluster_similarity(rows, clusters)
+    expected = [c for row in rows if row["round"] == 1 for j, c in row["similarity"].items()
+                if clusters[int(j)] == clusters[row["node"]]]
+    assert means["within cluster"][0][0] == 1
+    assert means["within cluster"][1][0] == pytest.approx(sum(expected) / len(expected))
+
+
+def test_no_cluster_plot_without_clusters(tmp_path):
+    assert main(["--protocol", "mapl", "--nodes", "3", "--rounds", "2", "--t-thr", "1", "--dataset", "digits",
+                 "--partition", "classes:k=3", "--d-z", "16", "--d-p", "8", "--projection-hidden", "16",
+                 "--quiet", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "plots" / "learned_graph.png").is_file()
+    assert "cluster_graph.png" not in {p.name for p in plot_run(tmp_path)}
+
+
+def test_centred_similarity_ignores_a_shift_common_to_every_class():
+    generator = torch.Generator().manual_seed(0)
+    own, other = torch.randn(10, 32, generator=generator), torch.randn(10, 32, generator=generator)
+    shift = 5 * torch.randn(32, generator=generator)  # the softmax cannot see it: every logit moves by z . shift
+    unrelated = classifier_similarity(own, other, "centred")
+    assert classifier_similarity(own, other + shift, "centred") == pytest.approx(unrelated, abs=1e-6)
+    assert classifier_similarity(own + shift, other + shift, "centred") == pytest.approx(unrelated, abs=1e-6)
+    # two unrelated classifiers that share the shift look alike to the raw rule, not to the centred one
+    assert abs(unrelated) < 0.2 and classifier_similarity(own + shift, other + shift, "raw") > 0.8
+    assert classifier_similarity(own, own + shift, "centred") == pytest.approx(1.0, abs=1e-6)
