@@ -206,12 +206,19 @@ class Run:
         return read_jsonl(file) if file.is_file() else None
 
     @cached_property
+    def partition(self) -> dict | None:
+        """partition.json (learning protocols), or None when absent or unreadable."""
+        try:
+            return json.loads((self.path / "partition.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    @cached_property
     def clusters(self) -> dict[int, int] | None:
         """Node -> cluster from partition.json, when the partition has clusters (mapl scenarios)."""
         try:
-            nodes = json.loads((self.path / "partition.json").read_text())["nodes"]
-            clusters = {int(n["node"]): n["cluster"] for n in nodes}
-        except (OSError, ValueError, KeyError, TypeError):
+            clusters = {int(n["node"]): n["cluster"] for n in self.partition["nodes"]}
+        except (KeyError, TypeError, ValueError):
             return None
         if not clusters or not all(isinstance(c, int) for c in clusters.values()):
             return None

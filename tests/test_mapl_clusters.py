@@ -10,6 +10,7 @@ import torch
 from analysis.plots import cluster_similarity, plot_run
 from emulator.cli import main
 from protocols.mapl import classifier_similarity
+from tests.conftest import assert_one_line_error
 
 
 def jsonl(path) -> list[dict]:
@@ -76,3 +77,8 @@ def test_centred_similarity_ignores_a_shift_common_to_every_class():
     # two unrelated classifiers that share the shift look alike to the raw rule, not to the centred one
     assert abs(unrelated) < 0.2 and classifier_similarity(own + shift, other + shift, "raw") > 0.8
     assert classifier_similarity(own, own + shift, "centred") == pytest.approx(1.0, abs=1e-6)
+
+
+def test_an_unknown_row_rule_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--protocol", "mapl", "--classifier-rows", "sideways", "--quiet", "--out", str(tmp_path)]) == 2
+    assert_one_line_error(capsys, "--classifier-rows")
