@@ -241,7 +241,7 @@ def cluster_plot(run: Run, plots: Path) -> list[Path]:
     left.set_ylim(-0.02, 1.02)
     left.legend(fontsize=8)
     for (side, (rounds, mean)), color in zip(cluster_similarity(rows, clusters).items(), ("C2", "C3")):
-        right.plot(rounds, mean, color=color, marker="o" if len(rounds) < 3 else None, label=side)
+        right.plot(rounds, mean, color=color, marker="o" if len(rounds) < 3 else None, label=f"{side} (while linked)")
     _label_axes(right, "round", "mean similarity c_ij")
     right.legend(fontsize=8)
     fig.suptitle(f"{run.name}: graph learning against the partition's clusters ({run.protocol})", fontsize=10)
