@@ -1,6 +1,7 @@
 """MAPL's learned graph against the two clusters of scenario 1, over seeds and horizons.
 
-    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--jobs 2] [--out DIR]
+    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--rounds R ...] [--jobs 2]
+                              [--out DIR]
 
 Each cell is one run of the user's command with nothing tuned (T_thr = rounds // 4):
     emulate --topology mesh --protocol mapl --nodes M --partition mapl:scenario=1 --model hetero-small
@@ -9,8 +10,10 @@ Each cell is one run of the user's command with nothing tuned (T_thr = rounds //
 - fashion-mnist: M = 20, seeds 0-2, rounds 20 and 40, at the CPU scale of experiments/mapl_table.py
   (100 training samples per class, one local epoch, d_z = 128; about 40 minutes per rule).
 For each rule: the worst node's weight on its own cluster at the last round (w_ii included),
-the mean over nodes, and the last round's mean similarity c_ij within and across the
-clusters (across: "-" once every node has dropped the other cluster). `centred` is the
+the mean over nodes, the share of its own cluster's neighbours a node still links to at
+the last round (worst node / mean: a node that dropped them all scores weight 1 but
+share 0), and the last round's mean similarity c_ij within and across the clusters
+(across: "-" once every node has dropped the other cluster). `centred` is the
 default rule, `raw` the paper's and the authors' code's.
 
 Runs go to DIR/<dataset>-r<R>-s<S>-<rule> (default: a fresh temporary directory); with
@@ -49,48 +52,69 @@ def argv(dataset: str, rounds: int, seed: int, rule: str) -> list[str]:
             "--classifier-rows", rule, *extra]
 
 
+def kept(row: dict, clusters: dict[int, int]) -> float:
+    """The share of node i's own-cluster neighbours it still puts weight on (graph.jsonl row)."""
+    i = int(row["node"])
+    own = [w for j, w in row["weights"].items() if int(j) != i and clusters[int(j)] == clusters[i]]
+    return sum(w > 0 for w in own) / len(own)
+
+
 def measure(out: Path, flags: list[str]) -> dict:
-    """One run (or the finished one at `out`): within-cluster mass and last-round similarities."""
+    """One run (or the finished one at `out`): within-cluster mass, links kept and last-round similarities."""
     summary = run_once(out, flags)
     run = load_run(out)
     rows = run.stream("graph") or []
-    similarity = cluster_similarity([r for r in rows if r["round"] == max(r["round"] for r in rows)], run.clusters)
+    last = [r for r in rows if r["round"] == max(r["round"] for r in rows)]
+    similarity = cluster_similarity(last, run.clusters)
     mass = summary["within_cluster_weight"].values()
-    return {"worst": min(mass), "mean": statistics.fmean(mass),
+    links = [kept(r, run.clusters) for r in last]
+    return {"worst": min(mass), "mean": statistics.fmean(mass), "kept": (min(links), statistics.fmean(links)),
             **{side: values[0] if values else None for side, (_, values) in similarity.items()}}
 
 
 def cells(args) -> list[tuple[str, int, int, str]]:
     datasets = [args.only] if args.only else list(SETUPS)
     return [(dataset, rounds, seed, rule) for dataset in datasets for rounds in SETUPS[dataset][2]
-            for seed in SETUPS[dataset][1] for rule in args.rules]
+            if not args.rounds or rounds in args.rounds for seed in SETUPS[dataset][1] for rule in args.rules]
 
 
 def number(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def table(results: dict, args) -> Table:
-    out = Table(title="MAPL scenario 1: weight on the own cluster at the last round (worst node / mean)")
-    for column in ("dataset", "M", "rounds (T_thr)", "seed"):
-        out.add_column(column, justify="right")
-    for rule in args.rules:
-        for column in ("worst", "mean", "c within", "c across"):
-            out.add_column(f"{rule}: {column}", justify="right")
+def table(results: dict, args) -> tuple[list[str], list[list[str]]]:
+    """Column names and rows: one row per (dataset, rounds, seed), five cells per rule."""
+    columns = ["dataset", "M", "rounds (T_thr)", "seed"]
+    columns += [f"{rule}: {column}" for rule in args.rules for column in ("worst", "mean", "kept", "c within", "c across")]
+    rows = []
     for dataset, rounds, seed in dict.fromkeys((d, r, s) for d, r, s, _ in results):
         row = [dataset, str(SETUPS[dataset][0]), f"{rounds} ({rounds // 4})", str(seed)]
         for rule in args.rules:
             m = results[dataset, rounds, seed, rule]
-            row += [number(m["worst"]), number(m["mean"]), number(m["within cluster"]),
+            row += [number(m["worst"]), number(m["mean"]), " / ".join(f"{k:.2f}" for k in m["kept"]),
+                    number(m["within cluster"]),
                     number(m["across clusters"])]
-        out.add_row(*row)
-    return out
+        rows.append(row)
+    return columns, rows
+
+
+def show(columns: list[str], rows: list[list[str]], out: Path) -> None:
+    """Print the table, and write it as markdown to OUT/mapl_clusters.md for the README."""
+    title = "MAPL scenario 1: weight on the own cluster at the last round (worst node / mean)"
+    terminal = Table(*columns, title=title)
+    for row in rows:
+        terminal.add_row(*row)
+    Console(width=200).print(terminal)
+    lines = [f"| {' | '.join(columns)} |", "|---" * len(columns) + "|", *(f"| {' | '.join(r)} |" for r in rows)]
+    (out / "mapl_clusters.md").write_text("\n".join(lines) + "\n")
+    print(f"runs and mapl_clusters.md: {out}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rules", nargs="+", default=["centred", "raw"], choices=["centred", "raw"])
     parser.add_argument("--only", choices=list(SETUPS))
+    parser.add_argument("--rounds", type=int, nargs="+", help="only these horizons (default: all of each dataset)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (processes)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -99,9 +123,7 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = {cell: pool.submit(measure, out / "{}-r{}-s{}-{}".format(*cell), argv(*cell)) for cell in todo}
         results = {cell: future.result() for cell, future in futures.items()}
-    console = Console(width=200)
-    console.print(table(results, args))
-    console.print(f"runs: {out}")
+    show(*table(results, args), out)
 
 
 if __name__ == "__main__":

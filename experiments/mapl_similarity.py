@@ -65,9 +65,11 @@ def similarity(own, other, rows: str, classes: list[int] | None) -> float:
     return mapl.classifier_similarity(own, other, rows)
 
 
-def similarity_table(calls, clusters, held) -> None:
+def similarity_table(calls, clusters, held, first: int) -> None:
+    """c_ij within and across the clusters at some of the graph steps (by round, the first at `first`)."""
     steps = len(next(iter(calls.values())))
-    print("graph step | " + " | ".join(f"{name}: within / across / gap" for name in ROWS))
+    print("| round | " + " | ".join(f"{name}: within / across / gap" for name in ROWS) + " |")
+    print("|---" * (len(ROWS) + 1) + "|")
     for t in sorted({*range(0, steps, max(1, steps // 6)), steps - 1}):
         cells = []
         for rows, own_classes in ROWS.values():
@@ -79,7 +81,7 @@ def similarity_table(calls, clusters, held) -> None:
                 theirs = [v for j, v in c.items() if clusters[j] != clusters[i]]
                 within, across, gaps = within + mine, across + theirs, gaps + [min(mine) - max(theirs)]
             cells.append(f"{statistics.fmean(within):+.2f} / {statistics.fmean(across):+.2f} / {min(gaps):+.2f}")
-        print(f"{t:10d} | " + " | ".join(cells))
+        print(f"| {first + t} | " + " | ".join(cells) + " |")
 
 
 def replay(calls, clusters, rows: str, step: str, lr: float) -> tuple[float, float]:
@@ -118,12 +120,12 @@ def main() -> None:
     print(f"digits, scenario 1, M = 10, {args.rounds} rounds, seed {args.seed}, graph steps from round "
           f"{args.rounds // 4}; within-cluster weight of the run itself: "
           f"{run.summary['within_cluster_weight_mean']:.3f}\n")
-    similarity_table(calls, run.clusters, held)
-    print("\nstep rule, lr | " + " | ".join(f"{rows}: worst / mean" for rows in ("raw", "centred")))
+    similarity_table(calls, run.clusters, held, args.rounds // 4)
+    print("\n| step rule, lr | raw rows: worst / mean | centred rows: worst / mean |\n|---|---|---|")
     for name, step, lr in STEPS:
         cells = [" / ".join(f"{v:.3f}" for v in replay(calls, run.clusters, rows, step, lr))
                  for rows in ("raw", "centred")]
-        print(f"{name}, {lr} | " + " | ".join(cells))
+        print(f"| {name}, {lr} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
