@@ -1,7 +1,7 @@
 """MAPL's learned graph against the two clusters of scenario 1, over seeds and horizons.
 
-    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--rounds R ...] [--jobs 2]
-                              [--out DIR]
+    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--rounds R ...] [--seeds S ...]
+                              [--jobs 2] [--out DIR]
 
 Each cell is one run of the user's command with nothing tuned (T_thr = rounds // 4):
     emulate --topology mesh --protocol mapl --nodes M --partition mapl:scenario=1 --model hetero-small
@@ -75,7 +75,8 @@ def measure(out: Path, flags: list[str]) -> dict:
 def cells(args) -> list[tuple[str, int, int, str]]:
     datasets = [args.only] if args.only else list(SETUPS)
     return [(dataset, rounds, seed, rule) for dataset in datasets for rounds in SETUPS[dataset][2]
-            if not args.rounds or rounds in args.rounds for seed in SETUPS[dataset][1] for rule in args.rules]
+            if not args.rounds or rounds in args.rounds for seed in SETUPS[dataset][1]
+            if not args.seeds or seed in args.seeds for rule in args.rules]
 
 
 def number(value) -> str:
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--rules", nargs="+", default=["centred", "raw"], choices=["centred", "raw"])
     parser.add_argument("--only", choices=list(SETUPS))
     parser.add_argument("--rounds", type=int, nargs="+", help="only these horizons (default: all of each dataset)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: all of each dataset)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (processes)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -26,8 +26,13 @@ def test_every_node_puts_its_weight_on_its_own_cluster(tmp_path, seed, rounds):
                  "--seed", str(seed), "--quiet", "--no-plots", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert min(summary["within_cluster_weight"].values()) >= 0.9
-    # what the nodes compared: every learned row scores its own cluster above the other one
     cluster = {n["node"]: n["cluster"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]}
+    # and not by cutting itself off: every node still mixes with its own cluster
+    for row in jsonl(tmp_path / "graph.jsonl"):
+        if row["round"] == rounds - 1:
+            assert any(w > 0 for j, w in row["weights"].items()
+                       if int(j) != row["node"] and cluster[int(j)] == cluster[row["node"]])
+    # what the nodes compared: every learned row scores its own cluster above the other one
     first = min(row["round"] for row in jsonl(tmp_path / "graph.jsonl") if row["similarity"])
     assert first == rounds // 4
     for row in jsonl(tmp_path / "graph.jsonl"):
