@@ -13,6 +13,7 @@ import time
 import torch
 
 import topologies
+from emulator.seeds import Seeds
 from workloads.datasets import load_dataset, normalise
 from workloads.models import build_model
 from workloads.partitions import make_partition
@@ -30,16 +31,17 @@ def main() -> None:
     args = parser.parse_args()
 
     data = load_dataset(args.dataset)
+    seeds = Seeds(args.seed)  # the emulator's streams
     part = make_partition(args.partition, data.train_y.numpy(), data.test_y.numpy(), args.nodes,
-                          data.num_classes, args.seed)
-    graph = topologies.build(args.topology, args.nodes, args.seed)
+                          data.num_classes, seeds.stream("partition"))
+    graph = topologies.build(args.topology, args.nodes, seeds.integer("topology"))
     weights = topologies.mixing_weights(graph, "mh")
     take = lambda x, y, idx: (normalise(x[torch.as_tensor(idx)], data), y[torch.as_tensor(idx)])
     train = [take(data.train_x, data.train_y, n.train) for n in part.nodes]
     test = [take(data.test_x, data.test_y, n.test) for n in part.nodes]
-    models = [build_model("cnn-small", data.shape, data.num_classes, node=i, num_nodes=args.nodes, seed=args.seed,
-                          init_node=0) for i in range(args.nodes)]  # the common start, as dfedavgm's default
-    generators = [torch.Generator().manual_seed(args.seed * 1_000_003 + i) for i in range(args.nodes)]
+    models = [build_model("cnn-small", data.shape, data.num_classes, node=i, num_nodes=args.nodes,
+                          init_seed=seeds.integer("model.init")) for i in range(args.nodes)]  # dfedavgm's common start
+    generators = [torch.Generator().manual_seed(seeds.integer("node.torch", i)) for i in range(args.nodes)]
 
     start = time.perf_counter()
     for _ in range(args.rounds):

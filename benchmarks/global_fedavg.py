@@ -55,20 +55,23 @@ def emulate(flags: list[str]) -> dict:
 
 def reference(nodes: int, rounds: int, seed: int) -> dict:
     """Plain FedAvg: a loop over the clients' shards, then the sample-weighted average."""
+    from emulator.seeds import Seeds
     from workloads.datasets import load_dataset
     from workloads.partitions import make_partition
 
     data = load_dataset("digits")
-    part = make_partition("iid", data.train_y.numpy(), data.test_y.numpy(), nodes, data.num_classes, seed)
+    seeds = Seeds(seed)  # the emulator's streams: same partition, x0 and shuffling
+    part = make_partition("iid", data.train_y.numpy(), data.test_y.numpy(), nodes, data.num_classes,
+                          seeds.stream("partition"))
     shards = [(data.train_x[torch.as_tensor(n.train)].float() / 255, data.train_y[torch.as_tensor(n.train)])
               for n in part.nodes]
     test_x, test_y = data.test_x.float() / 255, data.test_y
     torch.set_num_threads(1)  # as each of the emulator's compute workers on 2 cores
     _train(_mlp(), *shards[0], torch.Generator())  # warm up, as the emulator's setup does before its clock
     start = time.perf_counter()
-    torch.manual_seed(seed * 100003)  # the emulator's x0 for --init common: node 0's weights
+    torch.manual_seed(seeds.integer("model.init"))  # the emulator's x0 for --init common
     model = _mlp()
-    generators = [torch.Generator().manual_seed(seed * 1_000_003 + i) for i in range(nodes)]
+    generators = [torch.Generator().manual_seed(seeds.integer("node.torch", i)) for i in range(nodes)]
     for _ in range(rounds):
         states, sizes = [], []
         for (x, y), generator in zip(shards, generators):

@@ -12,6 +12,7 @@ from .dynamics import check as check_dynamics
 from .errors import UsageError
 from .links import LinkSpec, parse_delay, parse_loss
 from .node import ComputeModel
+from .seeds import Seeds
 
 
 class ConfigError(UsageError):
@@ -128,10 +129,10 @@ def validate(config: RunConfig) -> None:
     if config.workers < 0:
         raise ConfigError(f"--workers {config.workers}: must not be negative")
     for flag, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
-                        ("uplink", lambda text: node_rates(text, 1, 0, 0)),
-                        ("downlink", lambda text: node_rates(text, 1, 0, 0)),
+                        ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
+                        ("downlink", lambda text: node_rates(text, 1, np.random.default_rng())),
                         ("max_message_size", units.size), ("compute_cost", units.duration),
-                        ("compute_speed", lambda text: slowdowns(text, 1, 0))):
+                        ("compute_speed", lambda text: slowdowns(text, 1, np.random.default_rng()))):
         try:
             parse(getattr(config, flag))
         except units.UnitError as exc:
@@ -143,10 +144,9 @@ def link_spec(config: RunConfig) -> LinkSpec:
     return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss))
 
 
-def slowdowns(text: str, num_nodes: int, seed: int) -> tuple[float, ...]:
+def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[float, ...]:
     """Per-node compute slowdown factors (1 = nominal speed), drawn reproducibly."""
     name, params = units.spec(text)
-    rng = np.random.default_rng([seed, 0x5D])
     try:
         values = {k: float(v) for k, v in params.items()}
     except ValueError:
@@ -168,15 +168,14 @@ def slowdowns(text: str, num_nodes: int, seed: int) -> tuple[float, ...]:
     return tuple(float(f) for f in factors)
 
 
-def node_rates(text: str | float, num_nodes: int, seed: int, salt: int) -> list[float]:
-    """Per-node capacities in bit/s: one rate for all, or uniform/lognormal draws (one generator per flag)."""
+def node_rates(text: str | float, num_nodes: int, rng: np.random.Generator) -> list[float]:
+    """Per-node capacities in bit/s: one rate for all, or uniform/lognormal draws from rng."""
     if isinstance(text, (int, float)) or ":" not in str(text):
         return [units.rate(text)] * num_nodes
     name, params = units.spec(text)
     expected = {"uniform": ("low", "high"), "lognormal": ("median", "sigma")}.get(name)
     if expected is None or set(params) != set(expected):
         raise units.UnitError(f"capacity {text!r}: use a rate, uniform:low=..,high=.. or lognormal:median=..,sigma=..")
-    rng = np.random.default_rng([seed, salt])
     if name == "uniform":
         low, high = units.rate(params["low"]), units.rate(params["high"])
         if not high >= low or math.isinf(high):
@@ -191,9 +190,9 @@ def node_rates(text: str | float, num_nodes: int, seed: int, salt: int) -> list[
     return [float(r) for r in units.rate(params["median"]) * rng.lognormal(0.0, sigma, num_nodes)]
 
 
-def compute_model(config: RunConfig, num_nodes: int) -> ComputeModel:
+def compute_model(config: RunConfig, num_nodes: int, seeds: Seeds) -> ComputeModel:
     return ComputeModel(config.compute_time, units.duration(config.compute_cost), config.compute_factor,
-                        slowdowns(config.compute_speed, num_nodes, config.seed))
+                        slowdowns(config.compute_speed, num_nodes, seeds.numpy("compute.speed")))
 
 
 def workers(config: RunConfig) -> int:

@@ -39,6 +39,7 @@ from topologies.files import numbered_lines
 
 from . import units
 from .errors import UsageError
+from .seeds import Seeds
 
 NONE = ("", "none", "off", "0")
 
@@ -239,7 +240,7 @@ def schedule(config, n: int):
     if _off(config.topology_schedule):
         return None
     try:
-        return topologies.schedule(str(config.topology_schedule), config.topology, n, config.seed)
+        return topologies.schedule(str(config.topology_schedule), config.topology, n, Seeds(config.seed).integer("topology"))
     except topologies.TopologyError as exc:
         raise ScenarioError(f"--topology-schedule {config.topology_schedule}: {exc}") from None
 
@@ -292,8 +293,8 @@ class Availability:
     (t_up None while it lasts).
     """
 
-    def __init__(self, scenario: Scenario, online: list[bool], clock, seed: int, on_crash: Callable[[int], None]):
-        self.scenario, self.online, self.clock, self.seed, self.on_crash = scenario, online, clock, seed, on_crash
+    def __init__(self, scenario: Scenario, online: list[bool], clock, seeds, on_crash: Callable[[int], None]):
+        self.scenario, self.online, self.clock, self.seeds, self.on_crash = scenario, online, clock, seeds, on_crash
         n = scenario.num_nodes
         self._holds = [0] * n
         self.intervals: list[list[list]] = [[] for _ in range(n)]
@@ -311,16 +312,16 @@ class Availability:
                 self._at(t_up, self._up, node)
         if s.churn:
             for node in self._churning(s.churn):
-                rng = np.random.default_rng([self.seed, node, 0xC4])
+                rng = self.seeds.numpy("churn", node)
                 self._at(rng.exponential(s.churn.up), self._churn_down, node, rng)
         if s.crash:
-            rng = np.random.default_rng([self.seed, 0xC7])
+            rng = self.seeds.numpy("crash")
             chosen = rng.choice(s.num_nodes, size=round(s.crash.fraction * s.num_nodes), replace=False)
             self._at(s.crash.time, self._crash, sorted(int(node) for node in chosen))
 
     def _churning(self, churn: Churn) -> list[int]:
         n = self.scenario.num_nodes
-        immune = np.random.default_rng([self.seed, 0x1A]).choice(n, size=round(churn.immune * n), replace=False)
+        immune = self.seeds.numpy("churn.immune").choice(n, size=round(churn.immune * n), replace=False)
         return sorted(set(range(n)) - {int(node) for node in immune})
 
     def _at(self, when: float, callback: Callable, *args) -> None:
@@ -393,8 +394,8 @@ class LinkFaults:
     Markov chain with exponential periods, starting up at t=0 and advanced lazily.
     """
 
-    def __init__(self, scenario: Scenario, seed: int):
-        self.failures, self.seed = scenario.link_failures, seed
+    def __init__(self, scenario: Scenario, seeds):
+        self.failures, self.seeds = scenario.link_failures, seeds
         self.partitions = [(p.start, p.heal, p.group_of(scenario.num_nodes)) for p in scenario.partitions]
         self._edges: dict[tuple[int, int], list] = {}
 
@@ -407,7 +408,7 @@ class LinkFaults:
     def _failed(self, u: int, v: int, now: float) -> bool:
         state = self._edges.get((u, v))
         if state is None:
-            rng = np.random.default_rng([self.seed, u, v, 0x1F])
+            rng = self.seeds.numpy("link.failures", u, v)
             state = self._edges[u, v] = [False, rng.exponential(self.failures.up), rng]  # [down, next change, rng]
         while state[1] <= now:
             state[0] = not state[0]

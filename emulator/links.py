@@ -131,13 +131,13 @@ class Link:
     __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "rng", "loss_state",
                  "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
-    def __init__(self, src: int, dst: int, spec: LinkSpec, seed: int, up: Capacity, down: Capacity,
+    def __init__(self, src: int, dst: int, spec: LinkSpec, rng: random.Random, up: Capacity, down: Capacity,
                  counters: list[int] | None = None):
         self.src, self.dst = src, dst
         self.counters = counters  # this link's row of the ledger
         self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
         # One generator per link, so a link's fate does not depend on traffic elsewhere.
-        self.rng = random.Random(f"{seed}:{src}:{dst}")
+        self.rng = rng
         self.loss_state = [False]
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import networkx as nx
-import numpy as np
 
 from . import wire
 from .ledger import Ledger
+from .seeds import Seeds
 from .links import Capacity, Link, LinkSpec
 
 
@@ -81,11 +81,11 @@ class Network:
     `faults` (if any) says when an edge is down (link failures, partitions).
     """
 
-    def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seed: int, *,
+    def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seeds: Seeds, *,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
                  nodes_change: bool = False):
-        self.clock, self.ledger, self.spec, self.seed = clock, ledger, spec, seed
+        self.clock, self.ledger, self.spec, self.seeds = clock, ledger, spec, seeds
         self.compress, self.max_message_bytes = compress, max_message_bytes
         self.num_nodes = n = graph.number_of_nodes()
         self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
@@ -96,7 +96,7 @@ class Network:
         # Whether a message queued at its sender must be checked again when its turn comes.
         self.senders_change = nodes_change or faults is not None
         # Quantising compressors draw from the sender's own generator.
-        self.wire_rngs = [np.random.default_rng([seed, node, 0x57]) for node in range(n)]
+        self.wire_rngs = [seeds.numpy("wire", node) for node in range(n)]
         self.links: dict[tuple[int, int], Link] = {}
         self.set_graph(graph)
         if schedule is not None:
@@ -136,7 +136,7 @@ class Network:
         link = self.links.get((src, dst))
         if link is None:
             spec = self.spec.override(attrs) if attrs else self.spec
-            link = Link(src, dst, spec, self.seed, self.uplinks[src], self.downlinks[dst],
+            link = Link(src, dst, spec, self.seeds.python("link", src, dst), self.uplinks[src], self.downlinks[dst],
                         self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
             self.links[src, dst] = link
         return link

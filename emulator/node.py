@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import numpy as np
 
 from .network import Message
 
@@ -37,11 +35,10 @@ class Node:
         self._network = emulation.network
         self._clock = emulation.clock
         self._mailbox = emulation.network.mailboxes[node_id]
-        seed = emulation.seed
-        # Each node owns its generators: concurrent jobs never share random state. The tag keeps
-        # np_rng apart from the scenario's generators, which are seeded [seed, tag].
-        self.rng = random.Random(f"{seed}:{node_id}")
-        self.np_rng = np.random.default_rng([seed, node_id, 0x6E])
+        seeds = self.seeds = emulation.seeds
+        # Each node owns its generators: concurrent jobs never share random state.
+        self.rng = seeds.python("node.random", node_id)
+        self.np_rng = seeds.numpy("node.numpy", node_id)
         self._torch_generator = None
 
     def __repr__(self):
@@ -52,7 +49,7 @@ class Node:
         if self._torch_generator is None:
             import torch
 
-            self._torch_generator = torch.Generator().manual_seed(self._em.seed * 1_000_003 + self.id)
+            self._torch_generator = torch.Generator().manual_seed(self.seeds.integer("node.torch", self.id))
         return self._torch_generator
 
     # -- where and when ---------------------------------------------------

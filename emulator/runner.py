@@ -23,6 +23,7 @@ from .ledger import Ledger
 from .network import Network
 from .node import Node
 from .protocol import Protocol
+from .seeds import Seeds
 from .units import UnitError, rate
 
 
@@ -31,7 +32,7 @@ class Environment:
     """What a protocol may know about the run when it sets itself up."""
     num_nodes: int
     rounds: int
-    seed: int
+    seeds: Seeds
     graph: nx.Graph
     device: str
     out_dir: Path
@@ -125,7 +126,8 @@ class Emulation:
     def __init__(self, config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                  executor: concurrent.futures.Executor, on_round: Callable = lambda rnd, now: None,
                  scenario: dynamics.Scenario | None = None):
-        self.config, self.seed, self.rounds = config, config.seed, config.rounds
+        self.config, self.rounds = config, config.rounds
+        self.seeds = Seeds(config.seed)
         n = graph.number_of_nodes()
         if scenario is None:
             scenario = dynamics.scenario(config, n, dynamics.schedule(config, n))
@@ -133,16 +135,16 @@ class Emulation:
         self.clock = (RealClock(executor, config.time_scale) if config.clock == "real"
                       else VirtualClock(executor))
         self.ledger = Ledger(trace=config.trace)
-        self.network = Network(graph, self.clock, self.ledger, cfg.link_spec(config), config.seed,
-                               uplink=_capacities(graph, "uplink", config.uplink, config.seed),
-                               downlink=_capacities(graph, "downlink", config.downlink, config.seed),
+        self.network = Network(graph, self.clock, self.ledger, cfg.link_spec(config), self.seeds,
+                               uplink=_capacities(graph, "uplink", config.uplink, self.seeds),
+                               downlink=_capacities(graph, "downlink", config.downlink, self.seeds),
                                compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
                                schedule=scenario.schedule,
-                               faults=dynamics.LinkFaults(scenario, config.seed) if scenario.links_change else None,
+                               faults=dynamics.LinkFaults(scenario, self.seeds) if scenario.links_change else None,
                                nodes_change=scenario.nodes_change)
-        self.compute_model = cfg.compute_model(config, n)
+        self.compute_model = cfg.compute_model(config, n, self.seeds)
         self.recorder = Recorder(n, self.ledger, protocol.observe, on_round)
-        self.availability = (dynamics.Availability(scenario, self.network.online, self.clock, config.seed,
+        self.availability = (dynamics.Availability(scenario, self.network.online, self.clock, self.seeds,
                                                    self._crash) if scenario.nodes_change else None)
         self.protocol = protocol
         self.nodes = [Node(i, self) for i in range(n)]
@@ -191,9 +193,9 @@ class Emulation:
         return self.recorder.finish(self.clock.now)
 
 
-def _capacities(graph: nx.Graph, attribute: str, default: str, seed: int) -> list[float]:
+def _capacities(graph: nx.Graph, attribute: str, default: str, seeds: Seeds) -> list[float]:
     """Per-node capacity: the node's attribute in a topology file, else the flag's value or draw."""
-    rates = cfg.node_rates(default, graph.number_of_nodes(), seed, 0x0B if attribute == "uplink" else 0x0D)
+    rates = cfg.node_rates(default, graph.number_of_nodes(), seeds.numpy(attribute))
     for node, value in graph.nodes(data=attribute):
         if value is not None:
             try:

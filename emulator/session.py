@@ -15,6 +15,7 @@ import topologies
 from . import config as cfg
 from . import dynamics
 from .errors import UsageError
+from .seeds import Seeds
 from .runner import Emulation, Environment, make_executor, write_run_dir
 
 
@@ -36,7 +37,7 @@ def build_topology(run: cfg.RunConfig):
                 graph = schedule.graph(0)
             else:
                 from_file = topologies.files.looks_like_path(run.topology.strip())
-                graph = topologies.build(run.topology, run.nodes if from_file else nodes, run.seed)
+                graph = topologies.build(run.topology, run.nodes if from_file else nodes, Seeds(run.seed).integer("topology"))
     except topologies.TopologyError as exc:
         raise UsageError(f"--topology {run.topology}: {exc}") from None
     if schedule is not None and run.nodes is not None and schedule.num_nodes != run.nodes:
@@ -53,7 +54,7 @@ def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path)
     run.nodes = graph.number_of_nodes()
     scenario = dynamics.scenario(run, run.nodes, schedule)  # bad node ids fail before any work
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = Environment(graph.number_of_nodes(), run.rounds, run.seed, graph, run.device, out_dir, console)
+    env = Environment(graph.number_of_nodes(), run.rounds, Seeds(run.seed), graph, run.device, out_dir, console)
     protocol = protocol_cls(options, env)
     with make_executor(run) as executor, _progress(console, run) as (progress, task):
         def on_round(rnd: int, now: float) -> None:

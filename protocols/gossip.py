@@ -41,14 +41,12 @@ class Gossip(Protocol):
     """Gossip averaging of a vector (no model); converges to the mean."""
     Options = GossipOptions
 
-    def __init__(self, options, env):
-        super().__init__(options, env)
-        rng = np.random.default_rng(env.seed)
-        self.initial = rng.normal(size=(env.num_nodes, options.dim))
-        self.target = self.initial.mean(axis=0)
+    def initial(self, node_id: int) -> np.ndarray:
+        """x_i at the start: a standard normal draw from node i's own stream."""
+        return self.env.seeds.numpy("gossip.initial", node_id).normal(size=self.options.dim)
 
     async def run(self, node):
-        x = self.initial[node.id].copy()
+        x = self.initial(node.id)
         for _ in node.rounds():
             degree = len(node.in_neighbours)
             node.broadcast("x", {"x": x, "deg": degree})
@@ -59,8 +57,11 @@ class Gossip(Protocol):
                 mixed += w * (msg.body["x"] - x)
             x = mixed
             node.snapshot(x)
-            node.log(error=float(np.linalg.norm(x - self.target)), heard_from=len(heard))
+            node.log(heard_from=len(heard))
 
     def observe(self, rnd, snapshots):
+        """error: ||x_i - the mean of all initial values||; consensus_distance: ||x_i - the mean of this round's x||."""
+        target = np.mean([self.initial(i) for i in range(self.env.num_nodes)], axis=0)
         mean = np.mean(list(snapshots.values()), axis=0)
-        return {i: {"consensus_distance": float(np.linalg.norm(x - mean))} for i, x in snapshots.items()}
+        return {i: {"error": float(np.linalg.norm(x - target)), "consensus_distance": float(np.linalg.norm(x - mean))}
+                for i, x in snapshots.items()}

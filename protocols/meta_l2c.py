@@ -104,7 +104,7 @@ class MetaL2C(L2C):
 
     def mixer(self, node, model):
         o = self.options
-        generator = torch.Generator().manual_seed(self.env.seed)  # the same E on every node
+        generator = torch.Generator().manual_seed(self.env.seeds.integer("meta-l2c.encoder"))  # one E for all nodes
         shapes = {name: value.shape for name, value in encoded(float_state(model)).items()}
         return Attention(node.id, Encoder(shapes, encoder_widths(o.encoder), generator),
                          o.alpha_lr, o.alpha_weight_decay)

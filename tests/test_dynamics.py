@@ -11,6 +11,7 @@ import pytest
 
 import topologies
 from emulator.cli import main
+from emulator.seeds import Seeds
 from emulator.config import RunConfig
 from emulator.network import NotNeighbourError
 from emulator.runner import Emulation
@@ -221,7 +222,7 @@ class _GroupGossip(Gossip):
 
 
 def test_partition_keeps_the_groups_apart_until_the_heal():
-    protocol = _GroupGossip(GossipOptions(timeout=1.0), SimpleNamespace(seed=0, num_nodes=10))
+    protocol = _GroupGossip(GossipOptions(timeout=1.0), SimpleNamespace(seeds=Seeds(0), num_nodes=10))
     # Rounds take 1 s (the timeout) while parted, 10 ms once whole: rounds 0-3 are parted.
     config = RunConfig(protocol="gossip", rounds=8, partition_event="t=0s:groups=0-4|5-9:heal=3.5s")
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
@@ -231,7 +232,8 @@ def test_partition_keeps_the_groups_apart_until_the_heal():
     start = {r["round"] + 1: r["t"] for r in rows if r["node"] == 0} | {0: 0.0}
     assert [rnd for rnd in gap if start[rnd] < 3.5] == [0, 1, 2, 3]
     # While apart, each group keeps its mean: the gap stays what it was at the start.
-    initial = np.linalg.norm(protocol.initial[:5].mean(0) - protocol.initial[5:].mean(0))
+    x0 = np.array([protocol.initial(i) for i in range(10)])
+    initial = np.linalg.norm(x0[:5].mean(0) - x0[5:].mean(0))
     assert initial > 0.5 and all(gap[rnd] == pytest.approx(initial, rel=1e-9) for rnd in range(4))
     # Healed, the mesh averages both groups: round 4 already reaches the mean.
     assert gap[4] < 1e-9 and gap[7] < 1e-9
@@ -280,7 +282,7 @@ def test_resample_every_k_rounds(tmp_path):
                "--rounds", "6", "--topology-schedule", "resample:every=2", "--trace")
     sent = _sent_edges(run["out"])
     for t in range(6):
-        graph = topologies.resample("regular:d=3", 10, 0, t, every=2)
+        graph = topologies.resample("regular:d=3", 10, Seeds(0).integer("topology"), t, every=2)
         assert sent[t] == {(u, v) for u, v in graph.edges} | {(v, u) for u, v in graph.edges}
     assert sent[0] == sent[1] != sent[2] == sent[3]
 
@@ -406,18 +408,6 @@ def test_crash_at_time_zero_and_after_the_last_round(tmp_path):
     assert {r["node"] for r in emulation.rows} == set(range(4)) - set(crashed)
     late = emulate(run, nx.empty_graph(4), rounds=3, crash="1@5s")  # everyone is done by 3 s
     assert len(late.rows) == 12 and all(row["t"] == 3.0 for row in late.rows if row["round"] == 2)
-
-
-def test_node_generators_are_independent_of_the_scenario_generators():
-    # The crash choice is drawn from [seed, 0xC7]; node 0xC7 = 199's own generator must not repeat it.
-    draws = []
-
-    async def run(node):
-        if node.id == 0xC7:
-            draws.append(node.np_rng.random(4).tolist())
-
-    emulate(run, nx.empty_graph(200))
-    assert draws and draws[0] != np.random.default_rng([0, 0xC7]).random(4).tolist()
 
 
 @pytest.mark.parametrize("kind", ["schedule", "topology"])

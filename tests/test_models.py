@@ -2,6 +2,8 @@ import threading
 
 import pytest
 import torch
+
+from emulator.seeds import Seeds
 from torch import nn
 from torchvision.models.mobilenetv2 import InvertedResidual
 from torchvision.models.resnet import BasicBlock
@@ -106,27 +108,30 @@ def test_small_models_stay_small():
 
 
 def test_random_assignment_is_deterministic():
-    first = [assigned_arch("hetero", n, "random", 7) for n in range(40)]
-    assert first == [assigned_arch("hetero", n, "random", 7) for n in range(40)]
+    def assign(seed, how="random", spec="hetero"):
+        return [assigned_arch(spec, n, how, Seeds(seed).stream("model.assign", n)) for n in range(40)]
+
+    first = assign(7)
+    assert first == assign(7)
     assert set(first) == set(HETERO_ARCHS)
-    assert first != [assigned_arch("hetero", n, "random", 8) for n in range(40)]
-    assert first != [assigned_arch("hetero", n, "round-robin", 7) for n in range(40)]
-    small = [_build("hetero-small", (1, 8, 8), node=n, assign="random", seed=3).arch for n in range(4)]
-    assert small == [assigned_arch("hetero-small", n, "random", 3) for n in range(4)]
+    assert first != assign(8)
+    assert first != assign(7, "round-robin")
+    small = [_build("hetero-small", (1, 8, 8), node=n, assign="random", assign_seed=3 + n).arch for n in range(4)]
+    assert small == [assigned_arch("hetero-small", n, "random", 3 + n) for n in range(4)]
 
 
 @pytest.mark.parametrize("name,node", [("cnn-small", 0), ("hetero-small", 2), ("hetero-small", 3)])
 def test_parameters_depend_on_seed_and_node_only(name, node):
     torch.manual_seed(1)
-    a = _state(_build(name, (1, 8, 8), node, seed=5))
+    a = _state(_build(name, (1, 8, 8), node, init_seed=5))
     torch.manual_seed(2)  # a different global state must not matter
-    assert _same(a, _state(_build(name, (1, 8, 8), node, seed=5)))
-    assert not _same(a, _state(_build(name, (1, 8, 8), node, seed=6)))
+    assert _same(a, _state(_build(name, (1, 8, 8), node, init_seed=5)))
+    assert not _same(a, _state(_build(name, (1, 8, 8), node, init_seed=6)))
 
 
-def test_different_nodes_get_different_parameters():
-    a = _state(_build("cnn-small", (1, 8, 8), node=0))
-    assert not _same(a, _state(_build("cnn-small", (1, 8, 8), node=1)))
+def test_one_init_seed_gives_every_node_the_same_start():
+    a = _state(_build("cnn-small", (1, 8, 8), node=0, init_seed=9))
+    assert _same(a, _state(_build("cnn-small", (1, 8, 8), node=1, init_seed=9)))
 
 
 def test_build_leaves_global_rng_untouched():

@@ -27,7 +27,7 @@ Architectures (`MODELS`):
   parameters at d_z = 512 and takes ~3.5-4.5 ms forward+backward for a batch of
   64 8x8 images on one thread.
 "hetero" and "hetero-small" assign round-robin by node id, or with
-assign="random" independently per node from (seed, node).
+assign="random" independently per node from the node's own seed (`assign_seed`).
 
 norm="group" replaces every BatchNorm (backbone and projection head) by a
 GroupNorm with the most groups <= 32 that divide the channels and leave >= 4
@@ -37,10 +37,9 @@ No model contains Dropout: it would draw from the global RNG while training.
 The MAPL projection head exists only when d_p is given (MAPL builds it; the others
 never carry it).
 
-Construction seeds a private fork of the CPU generator with seed * 100003 + init_node
-(init_node = node unless a common start asks for one x0), so a node's initial
-parameters depend on (seed, init_node) only and the global RNG
-state is left as it was.
+Construction seeds a private fork of the CPU generator with `init_seed` (nodes given
+the same one start from one x0), so a node's initial parameters depend on
+(spec, shapes, init_seed) only and the global RNG state is left as it was.
 """
 
 from __future__ import annotations
@@ -249,7 +248,7 @@ def parse_model(spec: str) -> tuple[str, tuple[int, ...] | None]:
     return name, widths
 
 
-def assigned_arch(spec: str, node: int, assign: str = "round-robin", seed: int = 0) -> str:
+def assigned_arch(spec: str, node: int, assign: str = "round-robin", seed=0) -> str:
     """The concrete architecture node `node` gets under model `spec`."""
     name, _ = parse_model(spec)
     if assign not in ASSIGNMENTS:
@@ -259,8 +258,8 @@ def assigned_arch(spec: str, node: int, assign: str = "round-robin", seed: int =
         return name
     if assign == "round-robin":
         return pool[node % len(pool)]
-    # Independent per node, reproducible from (seed, node) alone.
-    return pool[int(np.random.default_rng([seed, node]).integers(len(pool)))]
+    # Independent per node: `seed` (an int or a SeedSequence) is the node's own.
+    return pool[int(np.random.default_rng(seed).integers(len(pool)))]
 
 
 def build_model(
@@ -275,15 +274,15 @@ def build_model(
     hidden: int = 4096,
     norm: str = "batch",
     assign: str = "round-robin",
-    seed: int = 0,
-    init_node: int | None = None,
+    assign_seed=0,
+    init_seed: int = 0,
 ) -> SplitModel:
-    """Build node `node`'s model; parameters depend only on (spec, shapes, seed, init_node).
+    """Build node `node`'s model; parameters depend only on (spec, shapes, init_seed).
 
-    init_node (default: node) picks the initial weights: nodes built with the same
-    init_node and architecture start from the same point. d_p adds MAPL's projection head.
+    Nodes of one architecture built with the same init_seed start from the same point;
+    assign_seed is the node's draw for assign="random". d_p adds MAPL's projection head.
     """
-    arch = assigned_arch(spec, node, assign, seed)
+    arch = assigned_arch(spec, node, assign, assign_seed)
     _, widths = parse_model(spec)
     if norm not in NORMS:
         raise ModelError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
@@ -294,7 +293,7 @@ def build_model(
     builder, d_z, bias = _shaped(spec, arch, widths, tuple(in_shape), d_z) if widths else (_BUILDERS[arch], d_z, False)
     # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
     with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-        torch.default_generator.manual_seed(seed * 100003 + (node if init_node is None else init_node))
+        torch.default_generator.manual_seed(init_seed)
         model = SplitModel(arch, builder(tuple(in_shape), d_z), d_z, d_p, hidden, num_classes, bias)
     if norm == "group":
         _to_group_norm(model)

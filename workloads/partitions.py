@@ -1,7 +1,7 @@
 """Split a labelled dataset over the nodes of a network.
 
 A spec is ``name`` or ``name:key=value,key=value``. Every draw comes from one
-``numpy.random.default_rng(seed)``, so a (spec, labels, nodes, seed) tuple always
+``numpy.random.default_rng(seed)`` (seed: an int or a SeedSequence), so a (spec, labels, nodes, seed) tuple always
 gives the same partition. Train and test samples are never shared between nodes.
 
 - ``iid``: shuffle, then split train and test evenly.
@@ -102,7 +102,7 @@ class Partition:
         }
 
 
-def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int, seed: int,
+def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int, seed,
                    val_fraction: float = 0.0, public_fraction: float = 0.0) -> Partition:
     """Partition train/test labels over num_nodes nodes according to `spec` (see module doc)."""
     name, options = _parse_spec(spec)
