@@ -11,12 +11,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from emulator.errors import UsageError
+class ArgumentsError(Exception):
+    """Bad command-line arguments (one line for the user, exit 2)."""
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
-        raise UsageError(message)
+        raise ArgumentsError(message)
 
 
 def fail(prog: str, message: str) -> None:

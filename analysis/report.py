@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from emulator.errors import UsageError
-
-from .output import (Parser, fail, human_bytes, mean_std, metric_header, metric_value, rich_table,
+from .output import (ArgumentsError, Parser, fail, human_bytes, mean_std, metric_header, metric_value, rich_table,
                      stdout_console, write_table)
 from .plots import overlay_plots, plot_run
 from .rundir import Run, RunDirError, load_run
@@ -55,7 +53,7 @@ def parse(argv: list[str]):
 def main(argv: list[str]) -> int:
     try:
         args = parse(argv)
-    except UsageError as exc:
+    except ArgumentsError as exc:
         fail(PROG, str(exc))
         return 2
     runs = []

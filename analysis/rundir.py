@@ -1,6 +1,7 @@
-"""Reading a run directory: its settings, summary, per-round metrics and optional streams.
+"""The run directory: its files and columns, written by app.run and read by analysis.
 
-`load_run` checks the three files every finished run has (config.yaml,
+`write_run_dir` writes what a finished run produced; `final_metrics` is the one
+definition of summary.json's "final" entry. `load_run` checks the three files every finished run has (config.yaml,
 summary.json, metrics.jsonl) and raises RunDirError with one line naming the
 problem; the optional files (links.csv, graph.jsonl, availability.jsonl) are
 read on demand and are None when absent.
@@ -14,14 +15,20 @@ import statistics
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import yaml
 
+# The files' columns.
+LINK_COLUMNS = ("src", "dst", "msgs_sent", "msgs_delivered", "msgs_dropped", "bytes_sent", "bytes_delivered",
+                "dropped_loss", "dropped_offline", "dropped_corrupt", "dropped_over_limit", "dropped_link_down")
+TRACE_COLUMNS = ("src", "dst", "kind", "round", "bytes", "t_send", "t_arrive", "fate")
+NODE_ROUND_COLUMNS = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_received")
 # The metric a run is judged by: the first of these that its rows carry.
 MAIN_METRICS = ("test_acc", "error", "consensus_distance", "train_loss")
 # Columns the runner adds to every row; never a protocol's metric.
-BOOKKEEPING = {"round", "node", "t", "msgs_sent", "bytes_sent", "msgs_received", "bytes_received"}
+BOOKKEEPING = {"round", "node", "t", *NODE_ROUND_COLUMNS}
 # Settings that say what a run was tested under, with their values that mean "nothing special".
 SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None),
                  "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",)}
@@ -29,6 +36,61 @@ SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None
 
 class RunDirError(Exception):
     """A missing, unfinished or corrupt run directory (one line for the user)."""
+
+
+# -- writing ----------------------------------------------------------------------
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    with open(path, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns)  # a row with a column not listed fails loudly
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def final_metrics(rows: list[dict]) -> dict[str, float]:
+    """Each numeric metric's mean over nodes at the last round; test_acc also gets std and worst 10%."""
+    if not rows:
+        return {}
+    last = max(row["round"] for row in rows)
+    at_last = [row for row in rows if row["round"] == last]
+    skip = {"round", "node", "t"}
+    names = sorted({k for row in at_last for k, v in row.items()
+                    if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    final: dict[str, float] = {}
+    for name in names:
+        values = [row[name] for row in at_last if isinstance(row.get(name), (int, float))]
+        final[name] = statistics.fmean(values)
+    accuracies = sorted(row["test_acc"] for row in at_last if isinstance(row.get("test_acc"), (int, float)))
+    if accuracies:
+        final["test_acc_std"] = statistics.pstdev(accuracies)
+        worst = max(1, len(accuracies) // 10)
+        final["test_acc_worst10"] = statistics.fmean(accuracies[:worst])
+    return final
+
+
+def write_run_dir(out_dir: Path, *, settings: dict, rows: list[dict], links: Iterable[dict], summary: dict,
+                  trace: Iterable[dict] | None = None, availability: list[dict] | None = None,
+                  streams: dict[str, list[dict]] | None = None) -> None:
+    """config.yaml, metrics.jsonl, links.csv, the optional files, and summary.json last (a finished run has it)."""
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+    write_jsonl(out_dir / "metrics.jsonl", rows)
+    write_csv(out_dir / "links.csv", LINK_COLUMNS, links)
+    if trace is not None:
+        write_jsonl(out_dir / "messages.jsonl", trace)
+    if availability is not None:
+        write_jsonl(out_dir / "availability.jsonl", availability)
+    for stream, stream_rows in (streams or {}).items():
+        write_jsonl(out_dir / f"{stream}.jsonl", stream_rows)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+# -- reading ----------------------------------------------------------------------
 
 
 def read_jsonl(path: Path) -> list[dict]:

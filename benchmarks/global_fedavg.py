@@ -41,7 +41,7 @@ def emulate(flags: list[str]) -> dict:
     """Run `emulate` in a child process; its summary plus process wall time and peak RSS."""
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "emulator.cli", *flags, "--quiet", "--no-plots",
+        child = subprocess.Popen([sys.executable, "-m", "app.cli", *flags, "--quiet", "--no-plots",
                                   "--out", out], cwd=HERE.parent)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from emulator.cli import main as emulate
+from app.cli import main as emulate
 
 
 def main() -> None:

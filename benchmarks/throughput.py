@@ -15,9 +15,9 @@ import networkx as nx
 from rich.console import Console
 from rich.table import Table
 
-from emulator.config import RunConfig
+from app.run import build_emulation
+from app.settings import RunConfig
 from emulator.protocol import NoOptions, Protocol
-from emulator.runner import Emulation
 
 
 class Blast(Protocol):
@@ -38,7 +38,7 @@ def emulator_rate(count: int) -> float:
     Blast.count = count
     config = RunConfig(latency="1ms", bandwidth="1Gbps")
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
-        emulation = Emulation(config, nx.path_graph(2), Blast(NoOptions(), None), executor)
+        emulation = build_emulation(config, nx.path_graph(2), Blast(NoOptions(), None), executor)
         start = time.perf_counter()
         emulation.run()
         wall = time.perf_counter() - start

@@ -7,6 +7,15 @@ next timer. Compute jobs therefore take no emulated time of their own; what
 they are charged is decided by the compute-time model, and their results are
 handed back by timers at their emulated finish times, so the order in which
 coroutines resume never depends on thread scheduling.
+
+The tie rule. Two kinds of things are due at an instant: clock events
+(`schedule`: message arrivals, compute results, nodes going down or up) and loop
+timers (`call_at`: `node.sleep`, the deadline of `recv`/`gather`, asyncio.sleep).
+At one instant every due event runs before any due timer, and the coroutines the
+events wake resume before the timers fire; events run in the order they were
+scheduled, timers in the order they were set. So a message that arrives exactly
+at a receive's deadline is received, and a node that sleeps until the instant a
+result is due finds it there.
 """
 from __future__ import annotations
 
@@ -77,7 +86,7 @@ class _OrderedTimer(asyncio.TimerHandle):
 
 class _VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: "VirtualClock"):
-        self._clock = clock
+        self._clock = self.clock = clock
         super().__init__(_VirtualSelector(clock))
 
     def call_at(self, when, callback, *args, context=None):
@@ -227,3 +236,18 @@ class RealClock:
         if remaining > 0:
             await asyncio.sleep(remaining)
         return result
+
+
+async def sleep(clock, seconds: float) -> None:
+    """Wait `seconds` of the clock's time (a loop timer: see the tie rule in the module doc)."""
+    waiter = clock.loop.create_future()
+    handle = clock.call_at(clock.now + seconds, _wake, waiter)
+    try:
+        await waiter
+    finally:
+        handle.cancel()
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

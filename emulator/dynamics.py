@@ -26,7 +26,6 @@ DeadlockError; every shipped protocol waits with a timeout.
 """
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,53 +33,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-import topologies
-from topologies.files import numbered_lines
-
-from . import units
-from .errors import UsageError
-from .seeds import Seeds
-
-NONE = ("", "none", "off", "0")
-
-
-class ScenarioError(UsageError):
-    """A bad churn, crash, availability, link-failure, partition or schedule setting."""
-
-
-def _off(text: Any) -> bool:
-    return text is None or str(text).strip().lower() in NONE
-
-
-def _params(text: str, flag: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, str]:
-    params = {}
-    for item in filter(None, (part.strip() for part in str(text).split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in required + optional or key in params:
-            raise ScenarioError(f"--{flag} {text!r}: expected {_syntax(required, optional)}")
-        params[key] = value.strip()
-    missing = [key for key in required if key not in params]
-    if missing:
-        raise ScenarioError(f"--{flag} {text!r}: missing {missing[0]}= (expected {_syntax(required, optional)})")
-    return params
-
-
-def _syntax(required, optional) -> str:
-    return ",".join(f"{k}=.." for k in required) + "".join(f"[,{k}=..]" for k in optional)
-
-
-def _period(text: str, flag: str, key: str) -> float:
-    try:
-        value = units.duration(text)
-    except units.UnitError as exc:
-        raise ScenarioError(f"--{flag}: {key}: {exc}") from None
-    if not value > 0:
-        raise ScenarioError(f"--{flag}: {key} must be a positive duration, got {text!r}")
-    return value
-
-
-# -- parsing ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Churn:
@@ -90,35 +42,10 @@ class Churn:
     immune: float = 0.0
 
 
-def parse_churn(text: str) -> Churn | None:
-    """'up=60s,down=30s[,immune=0.1]'; none: no churn."""
-    if _off(text):
-        return None
-    params = _params(text, "churn", ("up", "down"), ("immune",))
-    try:
-        immune = units.probability(params.get("immune", 0))
-    except units.UnitError as exc:
-        raise ScenarioError(f"--churn: immune: {exc}") from None
-    return Churn(_period(params["up"], "churn", "up"), _period(params["down"], "churn", "down"), immune)
-
-
 @dataclass(frozen=True)
 class Crash:
     fraction: float
     time: float
-
-
-def parse_crash(text: str) -> Crash | None:
-    """'FRACTION@TIME', e.g. 0.5@100s; none: no crash."""
-    if _off(text):
-        return None
-    fraction, at, time = str(text).partition("@")
-    try:
-        if not at:
-            raise units.UnitError("expected FRACTION@TIME, e.g. 0.5@100s")
-        return Crash(units.probability(fraction.strip()), units.duration(time.strip()))
-    except units.UnitError as exc:
-        raise ScenarioError(f"--crash {text!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -126,14 +53,6 @@ class LinkFailures:
     """Each edge alternates up and down periods drawn from exponentials with these means."""
     up: float
     down: float
-
-
-def parse_link_failures(text: str) -> LinkFailures | None:
-    """'up=..,down=..'; none: links never fail."""
-    if _off(text):
-        return None
-    params = _params(text, "link-failures", ("up", "down"))
-    return LinkFailures(_period(params["up"], "link-failures", "up"), _period(params["down"], "link-failures", "down"))
 
 
 @dataclass(frozen=True)
@@ -150,107 +69,6 @@ class Partition:
             for node in group:
                 of[node] = index
         return of
-
-
-def parse_partitions(text: str, n: int | None = None) -> tuple[Partition, ...]:
-    """'t=100s:groups=0-4|5-9[:heal=200s]', several separated by ';'. Node ids are checked against n if given."""
-    if _off(text):
-        return ()
-    return tuple(_partition(event.strip(), n) for event in str(text).split(";") if event.strip())
-
-
-def _partition(event: str, n: int | None) -> Partition:
-    flag = f"--partition-event {event!r}"
-    fields = {}
-    for part in event.split(":"):
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq or key not in ("t", "groups", "heal") or key in fields:
-            raise ScenarioError(f"{flag}: expected t=TIME:groups=A|B[:heal=TIME], e.g. t=100s:groups=0-4|5-9:heal=200s")
-        fields[key] = value.strip()
-    if "t" not in fields or "groups" not in fields:
-        raise ScenarioError(f"{flag}: needs t= and groups=")
-    try:
-        start = units.duration(fields["t"])
-        heal = units.duration(fields["heal"]) if "heal" in fields else math.inf
-    except units.UnitError as exc:
-        raise ScenarioError(f"{flag}: {exc}") from None
-    if heal <= start:
-        raise ScenarioError(f"{flag}: heal must come after t")
-    groups = tuple(_group(flag, group, n) for group in fields["groups"].split("|"))
-    seen: dict[int, int] = {}
-    for index, group in enumerate(groups):
-        for node in group:
-            if seen.setdefault(node, index) != index:
-                raise ScenarioError(f"{flag}: node {node} is in two groups")
-    return Partition(start, heal, groups)
-
-
-def _group(flag: str, text: str, n: int | None) -> tuple[int, ...]:
-    nodes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        low, dash, high = item.partition("-")
-        try:
-            first, last = int(low), int(high if dash else low)
-        except ValueError:
-            raise ScenarioError(f"{flag}: bad group member {item!r}: use node ids and ranges like 0-4,7") from None
-        if first < 0 or last < first:
-            raise ScenarioError(f"{flag}: bad range {item!r}")
-        if n is not None and last >= n:
-            raise ScenarioError(f"{flag}: node {last} does not exist (nodes are 0..{n - 1})")
-        nodes.extend(range(first, last + 1))
-    if not nodes:
-        raise ScenarioError(f"{flag}: empty group in groups=")
-    return tuple(nodes)
-
-
-def read_availability(path: str, n: int) -> list[tuple[int, float, float]]:
-    """A trace file: CSV with header node,t_down,t_up; t_up empty or inf: never comes back (a crash)."""
-    lines = numbered_lines(path, "availability file", ScenarioError)
-    rows = [(number, next(csv.reader([line]))) for number, line in lines]
-    if not rows or [cell.strip().lower() for cell in rows[0][1]] != ["node", "t_down", "t_up"]:
-        raise ScenarioError(f"--availability {path}: expected a CSV header node,t_down,t_up")
-    outages = sorted(_outage(path, number, row, n) for number, row in rows[1:])
-    for (node, _, end, _), (other, start, _, number) in zip(outages, outages[1:]):
-        if node == other and start < end:
-            raise ScenarioError(f"{path}:{number}: node {node} is already down at t_down={start}")
-    return [(node, t_down, t_up) for node, t_down, t_up, _ in outages]
-
-
-def _outage(path: str, number: int, row: list[str], n: int) -> tuple[int, float, float, int]:
-    where = f"{path}:{number}"
-    if len(row) != 3:
-        raise ScenarioError(f"{where}: expected node,t_down,t_up, got {','.join(row)!r}")
-    node, down, up = (cell.strip() for cell in row)
-    try:
-        node_id = int(node)
-        t_down = units.duration(down)
-        t_up = math.inf if up.lower() in ("", "inf", "never") else units.duration(up)
-    except (ValueError, units.UnitError) as exc:
-        raise ScenarioError(f"{where}: {exc}") from None
-    if not 0 <= node_id < n:
-        raise ScenarioError(f"{where}: node {node_id} does not exist (nodes are 0..{n - 1})")
-    if t_up <= t_down:
-        raise ScenarioError(f"{where}: t_up must come after t_down")
-    return node_id, t_down, t_up, number
-
-
-def schedule(config, n: int):
-    """The time-varying topology of --topology-schedule, or None."""
-    if _off(config.topology_schedule):
-        return None
-    try:
-        return topologies.schedule(str(config.topology_schedule), config.topology, n, Seeds(config.seed).integer("topology"))
-    except topologies.TopologyError as exc:
-        raise ScenarioError(f"--topology-schedule {config.topology_schedule}: {exc}") from None
-
-
-def check(config) -> None:
-    """The checks that need no node count (called when settings are resolved)."""
-    parse_churn(config.churn)
-    parse_crash(config.crash)
-    parse_link_failures(config.link_failures)
-    parse_partitions(config.partition_event)
 
 
 @dataclass
@@ -273,16 +91,6 @@ class Scenario:
         return bool(self.link_failures or self.partitions)
 
 
-def scenario(config, n: int, schedule=None) -> Scenario:
-    availability = "" if _off(config.availability) else str(config.availability).strip()
-    if schedule is not None and schedule.num_nodes != n:
-        raise ScenarioError(f"--topology-schedule {config.topology_schedule}: has {schedule.num_nodes} nodes, "
-                            f"the run {n}")
-    return Scenario(n, parse_churn(config.churn), parse_crash(config.crash),
-                    read_availability(availability, n) if availability else [],
-                    parse_link_failures(config.link_failures), parse_partitions(config.partition_event, n), schedule)
-
-
 # -- nodes going down and up ----------------------------------------------------------
 
 class Availability:
@@ -293,8 +101,9 @@ class Availability:
     (t_up None while it lasts).
     """
 
-    def __init__(self, scenario: Scenario, online: list[bool], clock, seeds, on_crash: Callable[[int], None]):
-        self.scenario, self.online, self.clock, self.seeds, self.on_crash = scenario, online, clock, seeds, on_crash
+    def __init__(self, scenario: Scenario, online: list[bool], clock, seeds):
+        self.scenario, self.online, self.clock, self.seeds = scenario, online, clock, seeds
+        self.on_crash: Callable[[int], None] = lambda node: None  # the emulation ends the node's coroutine
         n = scenario.num_nodes
         self._holds = [0] * n
         self.intervals: list[list[list]] = [[] for _ in range(n)]
@@ -397,7 +206,7 @@ class LinkFaults:
     def __init__(self, scenario: Scenario, seeds):
         self.failures, self.seeds = scenario.link_failures, seeds
         self.partitions = [(p.start, p.heal, p.group_of(scenario.num_nodes)) for p in scenario.partitions]
-        self._edges: dict[tuple[int, int], list] = {}
+        self._edges: dict[tuple[int, int], EdgeFaults] = {}
 
     def down(self, src: int, dst: int, now: float) -> bool:
         for start, heal, group in self.partitions:
@@ -406,11 +215,19 @@ class LinkFaults:
         return self.failures is not None and self._failed(min(src, dst), max(src, dst), now)
 
     def _failed(self, u: int, v: int, now: float) -> bool:
-        state = self._edges.get((u, v))
-        if state is None:
+        edge = self._edges.get((u, v))
+        if edge is None:
             rng = self.seeds.numpy("link.failures", u, v)
-            state = self._edges[u, v] = [False, rng.exponential(self.failures.up), rng]  # [down, next change, rng]
-        while state[1] <= now:
-            state[0] = not state[0]
-            state[1] += state[2].exponential(self.failures.down if state[0] else self.failures.up)
-        return state[0]
+            edge = self._edges[u, v] = EdgeFaults(False, rng.exponential(self.failures.up), rng)
+        while edge.next_change <= now:
+            edge.down = not edge.down
+            edge.next_change += edge.rng.exponential(self.failures.down if edge.down else self.failures.up)
+        return edge.down
+
+
+@dataclass(slots=True)
+class EdgeFaults:
+    """One node pair's failure chain: whether it is down, when that next changes, its generator."""
+    down: bool
+    next_change: float
+    rng: np.random.Generator

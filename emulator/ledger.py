@@ -1,27 +1,47 @@
 """The ledger: every message's exact encoded size, per directed link and per node per round."""
 from __future__ import annotations
 
-import csv
-import json
 from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Iterator
 
 DROP_CAUSES = ("loss", "offline", "corrupt", "over_limit", "link_down")
-LINK_COLUMNS = ("src", "dst", "msgs_sent", "msgs_delivered", "msgs_dropped", "bytes_sent",
-                "bytes_delivered") + tuple(f"dropped_{cause}" for cause in DROP_CAUSES)
-TRACE_COLUMNS = ("src", "dst", "kind", "round", "bytes", "t_send", "t_arrive", "fate")
+# A link's counters, in the order of its row.
+LINK_COUNTERS = ("msgs_sent", "msgs_delivered", "msgs_dropped", "bytes_sent",
+                 "bytes_delivered") + tuple(f"dropped_{cause}" for cause in DROP_CAUSES)
 
-# Column positions in a link's counter row.
+# Positions in a link's counter row: a plain list, as the hot path updates it on every message.
 _SENT, _DELIVERED, _DROPPED, _BYTES_SENT, _BYTES_DELIVERED = range(5)
 _CAUSE = {cause: 5 + i for i, cause in enumerate(DROP_CAUSES)}
-# Per node per round: messages and bytes sent and received.
-NODE_ROUND_COLUMNS = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_received")
+
+
+@dataclass(slots=True)
+class NodeRound:
+    """What one node sent and received in one round (messages tagged with that round)."""
+    msgs_sent: int = 0
+    bytes_sent: int = 0
+    msgs_received: int = 0
+    bytes_received: int = 0
+
+
+@dataclass(slots=True)
+class TraceRow:
+    """One message of messages.jsonl; the network fills in t_arrive and fate later."""
+    src: int
+    dst: int
+    kind: str
+    round: int
+    bytes: int
+    t_send: float
+    t_arrive: float | None = None
+    fate: str | None = None
 
 
 class Ledger:
     def __init__(self, trace: bool = False):
-        self.links: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0] * (5 + len(DROP_CAUSES)))
-        self.node_rounds: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self.trace: list[list] | None = [] if trace else None
+        self.links: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0] * len(LINK_COUNTERS))
+        self.node_rounds: dict[tuple[int, int], NodeRound] = defaultdict(NodeRound)
+        self.trace: list[TraceRow] | None = [] if trace else None
 
     def row(self, src: int, dst: int) -> list[int]:
         """The counters of link src -> dst; links keep a reference so the hot path skips lookups."""
@@ -31,28 +51,28 @@ class Ledger:
         row[_SENT] += 1
         row[_BYTES_SENT] += nbytes
         node = self.node_rounds[src, rnd]
-        node[0] += 1
-        node[1] += nbytes
+        node.msgs_sent += 1
+        node.bytes_sent += nbytes
 
     def delivered(self, row: list[int], dst: int, rnd: int, nbytes: int) -> None:
         row[_DELIVERED] += 1
         row[_BYTES_DELIVERED] += nbytes
         node = self.node_rounds[dst, rnd]
-        node[2] += 1
-        node[3] += nbytes
+        node.msgs_received += 1
+        node.bytes_received += nbytes
 
     def dropped(self, row: list[int], cause: str) -> None:
         row[_DROPPED] += 1
         row[_CAUSE[cause]] += 1
 
-    def record(self, src, dst, kind, rnd, nbytes, t_send) -> list:
-        """Start a trace row; the network fills in t_arrive and fate later."""
-        row = [src, dst, kind, rnd, nbytes, t_send, None, None]
+    def record(self, src, dst, kind, rnd, nbytes, t_send) -> TraceRow:
+        """Start a trace row for a message sent now."""
+        row = TraceRow(src, dst, kind, rnd, nbytes, t_send)
         self.trace.append(row)
         return row
 
     def node_round(self, node: int, rnd: int) -> dict[str, int]:
-        return dict(zip(NODE_ROUND_COLUMNS, self.node_rounds.get((node, rnd), (0, 0, 0, 0))))
+        return asdict(self.node_rounds.get((node, rnd), NodeRound()))
 
     @property
     def bytes_total(self) -> int:
@@ -71,14 +91,10 @@ class Ledger:
         out.update({f"dropped_{c}": sum(r[i] for r in rows) for c, i in _CAUSE.items()})
         return out
 
-    def write_links(self, path) -> None:
-        with open(path, "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(LINK_COLUMNS)
-            for (src, dst), row in sorted(self.links.items()):
-                writer.writerow([src, dst, *row])
+    def link_rows(self) -> Iterator[dict]:
+        """One row per directed link, in (src, dst) order: src, dst and its counters by name."""
+        for (src, dst), row in sorted(self.links.items()):
+            yield {"src": src, "dst": dst, **dict(zip(LINK_COUNTERS, row))}
 
-    def write_trace(self, path) -> None:
-        with open(path, "w") as fh:
-            for row in self.trace:
-                fh.write(json.dumps(dict(zip(TRACE_COLUMNS, row))) + "\n")
+    def trace_rows(self) -> Iterator[dict]:
+        return (asdict(row) for row in self.trace)

@@ -13,7 +13,6 @@ import math
 import random
 from dataclasses import dataclass
 
-from . import units
 
 
 class Delay:
@@ -46,21 +45,10 @@ class Delay:
         return f"Delay({self.kind}, {self.params})"
 
 
-_DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
-
-
-def parse_delay(text: str | float) -> Delay:
-    """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
-    if isinstance(text, (int, float)) or str(text)[:1].isdigit() or str(text).startswith("."):
-        return Delay("constant", value=units.duration(text))
-    name, params = units.spec(text)
-    expected = _DELAY_PARAMS.get(name)
-    if expected is None:
-        raise units.UnitError(f"unknown latency model {name!r} (use a duration, uniform, normal or lognormal)")
-    if set(params) != set(expected):
-        raise units.UnitError(f"latency {text!r} needs exactly {', '.join(expected)}")
-    values = {k: (float(v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
-    return Delay(name, **values)
+@dataclass(slots=True)
+class LossState:
+    """A link's loss channel between messages: whether it is in its bad (bursty) state."""
+    bad: bool = False
 
 
 class Bernoulli:
@@ -69,7 +57,7 @@ class Bernoulli:
     def __init__(self, p: float):
         self.p = p
 
-    def lost(self, rng: random.Random, state: list) -> bool:
+    def lost(self, rng: random.Random, state: LossState) -> bool:
         return self.p > 0 and rng.random() < self.p
 
 
@@ -83,24 +71,9 @@ class GilbertElliott:
     def __init__(self, p: float, r: float, loss_good: float = 0.0, loss_bad: float = 1.0):
         self.p, self.r, self.loss_good, self.loss_bad = p, r, loss_good, loss_bad
 
-    def lost(self, rng: random.Random, state: list) -> bool:
-        bad = state[0]
-        bad = (rng.random() >= self.r) if bad else (rng.random() < self.p)
-        state[0] = bad
+    def lost(self, rng: random.Random, state: LossState) -> bool:
+        bad = state.bad = (rng.random() >= self.r) if state.bad else (rng.random() < self.p)
         return rng.random() < (self.loss_bad if bad else self.loss_good)
-
-
-def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
-    """'0.01' (Bernoulli) or 'ge:p=0.01,r=0.3[,loss_good=0,loss_bad=1]'."""
-    if isinstance(text, (int, float)) or not str(text)[:1].isalpha():
-        return Bernoulli(units.probability(text))
-    name, params = units.spec(text)
-    if name not in ("ge", "gilbert-elliott"):
-        raise units.UnitError(f"unknown loss model {name!r} (use a probability or ge:p=..,r=..)")
-    allowed = {"p", "r", "loss_good", "loss_bad"}
-    if not {"p", "r"} <= set(params) <= allowed:
-        raise units.UnitError(f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
-    return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
 
 
 @dataclass
@@ -109,15 +82,6 @@ class LinkSpec:
     latency: Delay
     bandwidth: float
     loss: Bernoulli | GilbertElliott
-
-    def override(self, attrs: dict) -> "LinkSpec":
-        """Per-edge attributes from a topology file replace the defaults."""
-        return LinkSpec(
-            parse_delay(attrs["latency"]) if "latency" in attrs else self.latency,
-            units.rate(attrs["bandwidth"]) if "bandwidth" in attrs else self.bandwidth,
-            parse_loss(attrs["loss"]) if "loss" in attrs else self.loss,
-        )
-
 
 class Capacity:
     """A node's uplink or downlink: one FIFO shared by all of its links."""
@@ -138,7 +102,7 @@ class Link:
         self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
         # One generator per link, so a link's fate does not depend on traffic elsewhere.
         self.rng = rng
-        self.loss_state = [False]
+        self.loss_state = LossState()
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
         self.up, self.down = up, down

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import networkx as nx
 
 from . import wire
-from .ledger import Ledger
+from .ledger import Ledger, TraceRow
 from .seeds import Seeds
 from .links import Capacity, Link, LinkSpec
 
@@ -78,14 +78,18 @@ class Network:
     With a time-varying topology (a schedule), a node's graph is that of its own
     round: a message tagged round r may use an edge of round r's graph.
     `uplink` and `downlink` are one capacity for all nodes or one per node.
+    `edge_specs` gives directed links (src, dst) their own LinkSpec (a topology file's
+    edge attributes); the others get `spec`.
     `faults` (if any) says when an edge is down (link failures, partitions).
     """
 
     def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seeds: Seeds, *,
+                 edge_specs: dict[tuple[int, int], LinkSpec] | None = None,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
                  nodes_change: bool = False):
         self.clock, self.ledger, self.spec, self.seeds = clock, ledger, spec, seeds
+        self.edge_specs = edge_specs or {}
         self.compress, self.max_message_bytes = compress, max_message_bytes
         self.num_nodes = n = graph.number_of_nodes()
         self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
@@ -126,16 +130,16 @@ class Network:
 
     def _adopt(self, graph: nx.Graph) -> RoundGraph:
         directed = graph.is_directed()
-        for src, dst, attrs in graph.edges(data=True):
-            self._link(src, dst, attrs)
+        for src, dst in graph.edges:
+            self._link(src, dst)
             if not directed:
-                self._link(dst, src, attrs)
+                self._link(dst, src)
         return RoundGraph(graph)
 
-    def _link(self, src: int, dst: int, attrs: dict) -> Link:
+    def _link(self, src: int, dst: int) -> Link:
         link = self.links.get((src, dst))
         if link is None:
-            spec = self.spec.override(attrs) if attrs else self.spec
+            spec = self.edge_specs.get((src, dst), self.spec)
             link = Link(src, dst, spec, self.seeds.python("link", src, dst), self.uplinks[src], self.downlinks[dst],
                         self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
             self.links[src, dst] = link
@@ -198,10 +202,10 @@ class Network:
             return self._drop(link, "link_down", trace)
         self.clock.schedule(arrival, self._arrive, link, rnd, frame, t_send, arrival, trace)
 
-    def _drop(self, link: Link, cause: str, trace: list | None) -> None:
+    def _drop(self, link: Link, cause: str, trace: TraceRow | None) -> None:
         self.ledger.dropped(link.counters, cause)
         if trace is not None:
-            trace[7] = cause
+            trace.fate = cause
 
     def _arrive(self, link: Link, rnd, frame, t_send, arrival, trace) -> None:
         dst = link.dst
@@ -213,7 +217,7 @@ class Network:
             return self._drop(link, "corrupt", trace)
         self.ledger.delivered(link.counters, dst, rnd, len(frame))
         if trace is not None:
-            trace[6], trace[7] = arrival, "delivered"
+            trace.t_arrive, trace.fate = arrival, "delivered"
         self.mailboxes[dst].put(Message(link.src, dst, kind, msg_round, body, len(frame), t_send, arrival))
 
 

@@ -1,48 +1,55 @@
-"""The node: the one surface a protocol sees."""
+"""The node: the one surface a protocol sees, built on a narrow context of its own."""
 from __future__ import annotations
 
 import asyncio
 import functools
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
-
-from .network import Message
-
-if TYPE_CHECKING:
-    from .runner import Emulation
+from .clock import sleep
+from .compute import Compute
+from .network import Message, Network
+from .recorder import Recorder
+from .seeds import Seeds
 
 
 @dataclass(frozen=True)
-class ComputeModel:
-    """How much emulated time a compute job is charged.
-
-    kind "model": work * cost_per_unit * slowdown (deterministic);
-    kind "measured": the job's wall time * factor * slowdown.
-    """
-    kind: str
-    cost_per_unit: float
-    factor: float
-    slowdowns: tuple[float, ...]
+class NodeContext:
+    """What one node may use; it holds nothing of other nodes but the network that carries messages."""
+    id: int
+    network: Network
+    clock: Any
+    compute: Compute
+    recorder: Recorder
+    rounds: int
+    seeds: Seeds
 
 
 class Node:
-    def __init__(self, node_id: int, emulation: "Emulation"):
-        self.id = node_id
-        self.round = 0
-        self._em = emulation
-        self._network = emulation.network
-        self._clock = emulation.clock
-        self._mailbox = emulation.network.mailboxes[node_id]
-        seeds = self.seeds = emulation.seeds
+    def __init__(self, context: NodeContext):
+        self.id = context.id
+        self._round = 0
+        self._context = context
+        self._network, self._clock = context.network, context.clock
+        self._mailbox = context.network.mailboxes[context.id]
         # Each node owns its generators: concurrent jobs never share random state.
-        self.rng = seeds.python("node.random", node_id)
-        self.np_rng = seeds.numpy("node.numpy", node_id)
+        self.rng = context.seeds.python("node.random", self.id)
+        self.np_rng = context.seeds.numpy("node.numpy", self.id)
         self._torch_generator = None
 
     def __repr__(self):
-        return f"Node({self.id}, round={self.round})"
+        return f"Node({self.id}, round={self._round})"
+
+    @property
+    def round(self) -> int:
+        """The round this node is in; node.rounds() advances it."""
+        return self._round
+
+    @property
+    def seeds(self) -> Seeds:
+        """The run's streams: node.seeds.numpy("purpose", node.id) for a stream of the protocol's own."""
+        return self._context.seeds
 
     @property
     def torch_generator(self):
@@ -57,12 +64,12 @@ class Node:
     def neighbours(self) -> list[int]:
         """Whom this node sends to in its current round, sorted: its neighbours on an
         undirected graph, its out-neighbours on a directed one. Follows a time-varying topology."""
-        return self._network.neighbours(self.id, self.round)
+        return self._network.neighbours(self.id, self._round)
 
     @property
     def in_neighbours(self) -> list[int]:
         """Who sends to this node in its current round, sorted (the neighbours, on an undirected graph)."""
-        return self._network.in_neighbours(self.id, self.round)
+        return self._network.in_neighbours(self.id, self._round)
 
     @property
     def online(self) -> bool:
@@ -78,23 +85,18 @@ class Node:
         return self._clock.now
 
     async def sleep(self, seconds: float) -> None:
-        waiter = self._clock.loop.create_future()
-        handle = self._clock.call_at(self._clock.now + seconds, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            handle.cancel()
+        await sleep(self._clock, seconds)
 
     # -- messages ---------------------------------------------------------
     def send(self, dst: int, kind: str, body: Any = None) -> None:
         """Send `body` to neighbour `dst`, tagged with `kind` and the current round."""
-        self._network.send(self.id, dst, kind, self.round, body)
+        self._network.send(self.id, dst, kind, self._round, body)
 
     def broadcast(self, kind: str, body: Any = None, to: list[int] | None = None) -> None:
         """Send the same message to every (out-)neighbour, or to the listed ones."""
         peers = self.neighbours if to is None else to
         if peers:
-            self._network.broadcast(self.id, peers, kind, self.round, body)
+            self._network.broadcast(self.id, peers, kind, self._round, body)
 
     async def recv(self, timeout: float | None = None, kind: str | None = None) -> Message | None:
         """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds."""
@@ -118,7 +120,7 @@ class Node:
         Returns what arrived, by sender in ascending order. Messages of `kind`
         from earlier rounds are stale and discarded; other messages stay queued.
         """
-        rnd = self.round if round is None else round
+        rnd = self._round if round is None else round
         wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
         got: dict[int, Message] = {}
         deadline = None if timeout is None else self._clock.now + timeout
@@ -126,6 +128,7 @@ class Node:
             self._collect(kind, rnd, wanted, got)
             if not wanted or not await self._wait(deadline):
                 return dict(sorted(got.items()))
+
     def _collect(self, kind: str, rnd: int, wanted: set, got: dict) -> None:
         keep = []
         for message in self._mailbox.messages:
@@ -163,55 +166,30 @@ class Node:
         """
         if kwargs:
             fn = functools.partial(fn, **kwargs)
-        availability = self._em.availability
-        if availability is None:
-            return await self._submit(fn, args, work)
-        await availability.until_online(self.id)
-        start = self._clock.now
-        result = await self._submit(fn, args, work)
-        lost = availability.offline_time(self.id, start, self._clock.now)
-        while lost > 0:
-            await availability.until_online(self.id)
-            start = self._clock.now
-            await self.sleep(lost)
-            lost = availability.offline_time(self.id, start, self._clock.now)
-        return result
-
-    def _submit(self, fn: Callable, args: tuple, work: float):
-        model = self._em.compute_model
-        slowdown = model.slowdowns[self.id]
-        if model.kind == "measured":
-            return self._clock.submit(fn, args, None, model.factor * slowdown)
-        return self._clock.submit(fn, args, work * model.cost_per_unit * slowdown)
+        return await self._context.compute.run(self.id, fn, args, work)
 
     # -- results ----------------------------------------------------------
     def rounds(self) -> Iterator[int]:
         """for r in node.rounds(): ... — sets node.round and closes each round's metrics row."""
-        for rnd in range(self._em.rounds):
-            self.round = rnd
+        recorder = self._context.recorder
+        for rnd in range(self._context.rounds):
+            self._round = rnd
             yield rnd
-            self._em.recorder.end_round(self.id, rnd, self._clock.now)
+            recorder.end_round(self.id, rnd, self._clock.now)
 
     def log(self, **metrics: Any) -> None:
         """Add metrics to this node's row for the current round."""
-        self._em.recorder.log(self.id, self.round, metrics)
+        self._context.recorder.log(self.id, self._round, metrics)
 
     def snapshot(self, state: Any) -> None:
         """Hand the protocol's observer a view of this node's state for the current round."""
-        self._em.recorder.snapshot(self.id, self.round, state)
+        self._context.recorder.snapshot(self.id, self._round, state)
 
     def record(self, stream: str, **row: Any) -> None:
         """Append a row (tagged with round and node) to `<stream>.jsonl` in the run directory."""
-        self._em.recorder.record(stream, {"round": self.round, "node": self.id, **row})
-
-
-def _wake(waiter: asyncio.Future) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+        self._context.recorder.record(stream, {"round": self._round, "node": self.id, **row})
 
 
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(False)
-
-

@@ -8,13 +8,18 @@ first lookup, so adding a protocol is adding one file there.
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import networkx as nx
+
+from .seeds import Seeds
 
 if TYPE_CHECKING:
     from .node import Node
-    from .runner import Environment
 
 PROTOCOL_PACKAGE = "protocols"
 _REGISTRY: dict[str, type["Protocol"]] = {}
@@ -25,11 +30,26 @@ class NoOptions:
     pass
 
 
+@dataclass
+class Environment:
+    """What a protocol may know about the run when it sets itself up (read-only during the run)."""
+    num_nodes: int
+    rounds: int
+    seeds: Seeds
+    graph: nx.Graph
+    device: str
+    out_dir: Path
+    console: Any = None
+
+    def write_json(self, name: str, obj: Any) -> None:
+        (self.out_dir / name).write_text(json.dumps(obj, indent=1) + "\n")
+
+
 class Protocol:
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
 
-    def __init__(self, options: Any, env: "Environment"):
+    def __init__(self, options: Any, env: Environment):
         self.options, self.env = options, env
 
     async def run(self, node: "Node") -> None:

@@ -11,7 +11,7 @@ clients plus a server, every client every round. Accuracy is the mean over nodes
 (FedAvg: the server's global model), MB the bytes sent by all nodes, msgs/round the
 messages per round.
 
-Every run goes through emulator.cli.main into OUT/<name>-s<seed> (kept: a rerun reuses
+Every run goes through app.cli.main into OUT/<name>-s<seed> (kept: a rerun reuses
 finished runs); the Markdown table is OUT/baselines_table.md (also printed).
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 from analysis.output import markdown, spread
-from analysis.sweep import run_once
+from app.sweep import run_once
 
 WORKLOAD = ["--dataset", "digits", "--partition", "iid", "--model", "mlp:hidden=64"]
 SGD = ["--lr", "0.05", "--momentum", "0.9", "--weight-decay", "5e-4"]

@@ -15,7 +15,7 @@ offline (availability.jsonl). Accuracy at the last round, mean over nodes and se
 (± std over seeds when there are several), on the whole test split for iid and on each
 node's own split for s1 (--test-set auto).
 
-Every run goes through emulator.cli.main into OUT/<setup>-<level>-s<seed> (kept:
+Every run goes through app.cli.main into OUT/<setup>-<level>-s<seed> (kept:
 a rerun reuses finished runs); the Markdown table is OUT/churn_study.md (also printed).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from analysis.output import spread
-from analysis.sweep import run_once
+from app.sweep import run_once
 
 LEVELS = [("none", "none"), ("mild", "up=4s,down=1s"), ("heavy", "up=1s,down=1s")]
 SETUPS = [  # (run name, table label, flags)

@@ -14,7 +14,7 @@
    momentum, GroupNorm) on all their data (no validation split), and D-PSGD
    with its own defaults (one SGD step per round).
 
-Every run goes through emulator.cli.main into OUT/<name>-s<seed>; the Markdown
+Every run goes through app.cli.main into OUT/<name>-s<seed>; the Markdown
 report is OUT/l2c_table.md (also printed).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from analysis.output import spread
-from analysis.sweep import run_once
+from app.sweep import run_once
 from protocols.l2c import same_task_on_top
 
 IDENTIFICATION = ["--topology", "mesh", "--nodes", "15", "--rounds", "10",

@@ -28,7 +28,7 @@ import torch
 
 import protocols.mapl as mapl
 from analysis.rundir import load_run
-from emulator.cli import main as emulate
+from app.cli import main as emulate
 
 ROWS = {  # name -> (classifier rows compared, only the node's own classes)
     "raw": ("raw", False), "held": ("raw", True), "centred": ("centred", False), "held, centred": ("centred", True)}

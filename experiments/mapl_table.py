@@ -22,7 +22,7 @@ Table 1. Bytes: MAPL bytes per round over DFedAvgM's on the same mesh; messages:
 MAPL's against MAPL w/o CGL's (the paper's Table 4: 152,000 -> 101,000, -34%, for
 20 nodes and 400 rounds), drop notices included.
 
-Every run goes through emulator.cli.main into OUT/<method>-sc<S>-s<seed> (a finished
+Every run goes through app.cli.main into OUT/<method>-sc<S>-s<seed> (a finished
 run is reused); the report is OUT/mapl_table.md (also printed) and OUT/mapl_table.csv.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from analysis.rundir import read_jsonl
-from analysis.sweep import run_once
+from app.sweep import run_once
 
 METHODS = [  # (run directory name, row label, protocol and flags)
     ("local", "Local", ["--protocol", "local", "--model", "hetero-small"]),

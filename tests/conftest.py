@@ -1,15 +1,62 @@
-"""Helpers shared by the tests: run a small protocol written inline on a real emulation."""
+"""Helpers shared by the tests: run a small protocol written inline on a real emulation, or
+drive nodes directly from an async test on the virtual clock's loop.
+
+Every `@pytest.mark.asyncio` test runs on a VirtualClock's loop (the hook below), so
+`await asyncio.sleep(60)` takes no wall time; the `clock` fixture is that clock and
+`nodes(network(clock, graph))` builds nodes on a network over it.
+"""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import math
 from dataclasses import dataclass
 
 import networkx as nx
 import pytest
+import pytest_asyncio
 
-from emulator.config import RunConfig
+from app.run import build_emulation
+from app.settings import RunConfig
+from app.settings import parse_delay, parse_loss
+from emulator.clock import VirtualClock
+from emulator.compute import Compute, ComputeModel
+from emulator.emulation import Emulation
+from emulator.ledger import Ledger
+from emulator.links import LinkSpec
+from emulator.network import Network
+from emulator.node import Node, NodeContext
 from emulator.protocol import Protocol
-from emulator.runner import Emulation
+from emulator.recorder import Recorder
+from emulator.seeds import Seeds
+
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="test-compute")
+
+
+def pytest_asyncio_loop_factories(config, item):
+    """Async tests run on the virtual clock's loop."""
+    return {"virtual": lambda: VirtualClock(_EXECUTOR).loop}
+
+
+@pytest_asyncio.fixture
+async def clock() -> VirtualClock:
+    """The virtual clock whose loop runs the current async test."""
+    return asyncio.get_running_loop().clock
+
+
+def network(clock, graph: nx.Graph, *, latency: str = "0ms", bandwidth: float = math.inf, loss: str = "0",
+            seed: int = 0, trace: bool = False, **options) -> Network:
+    """A network over `clock`; `options` go to Network (uplink=..., compress=...)."""
+    spec = LinkSpec(parse_delay(latency), bandwidth, parse_loss(loss))
+    return Network(graph, clock, Ledger(trace=trace), spec, Seeds(seed), **options)
+
+
+def nodes(net: Network, *, compute_cost: float = 1e-3, rounds: int = 1, seed: int = 0) -> list[Node]:
+    """One Node per node of `net`, each charged compute_cost per unit of work."""
+    n, clock = net.num_nodes, net.clock
+    compute = Compute(ComputeModel("model", compute_cost, 1.0, (1.0,) * n), clock)
+    recorder = Recorder(n, net.ledger, lambda rnd, snapshots: {}, lambda rnd, now: None)
+    return [Node(NodeContext(i, net, clock, compute, recorder, rounds, Seeds(seed))) for i in range(n)]
 
 
 @dataclass
@@ -36,7 +83,7 @@ def emulate(coroutine, graph: nx.Graph, *, workers: int = 2, **settings) -> Emul
     """Run `coroutine(node)` on every node of `graph` under the given RunConfig settings."""
     config = RunConfig(**{"latency": "0ms", "bandwidth": "inf", **settings})
     with concurrent.futures.ThreadPoolExecutor(workers) as executor:
-        emulation = Emulation(config, graph, inline_protocol(coroutine), executor)
+        emulation = build_emulation(config, graph, inline_protocol(coroutine), executor)
         emulation.rows = emulation.run()
     return emulation
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis import sweep
+from app import sweep
 from analysis.plots import plot_run, snapshot_rounds
-from emulator.cli import main
+from app.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DFEDAVGM = ["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--dataset", "digits",

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from emulator.seeds import Seeds
-from emulator.cli import main
-from emulator.runner import Environment
+from app.cli import main
+from emulator.protocol import Environment
 from workloads.datasets import load_dataset
 from workloads.models import build_model, parameter_count
 from workloads.task import Workload, WorkloadOptions

@@ -1,14 +1,17 @@
 """The `emulate` command as a user runs it: run directory, trace invariants, reproducibility, bad input."""
 import csv
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from emulator.cli import main
-from emulator.ledger import LINK_COLUMNS
+from analysis.rundir import LINK_COLUMNS
+from app.cli import main
+from emulator.ledger import LINK_COUNTERS
+from emulator.protocol import protocols
 from tests.conftest import assert_one_line_error
 
 GOSSIP = ["--topology", "ring", "--protocol", "gossip", "--nodes", "16", "--rounds", "20",
@@ -121,7 +124,7 @@ def test_bad_input_exits_2_with_one_line(args, named, tmp_path, capsys):
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "emulator.cli", "--protocol", "gossip", "--latency", "fast", "--out", str(tmp_path / "r")]
+    cmd = [sys.executable, "-m", "app.cli", "--protocol", "gossip", "--latency", "fast", "--out", str(tmp_path / "r")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "emulate: error: --latency: unknown latency model 'fast' (use a duration, uniform, normal or lognormal)"
@@ -175,3 +178,27 @@ def test_rounds_zero_builds_partition_and_evaluates_once(tmp_path):
         assert n["train"] == {str(c): 300 for c in classes} and n["test"] == {str(c): 15 for c in classes}
     metrics = _rows(out / "metrics.jsonl")
     assert len(metrics) == 20 and all(0 <= r["test_acc"] <= 1 for r in metrics)
+
+
+def _help_defaults(text: str, protocol: str, flag: str) -> str:
+    section = " ".join(text.split(f"protocol options ({protocol})")[1].split("protocol options (")[0].split())
+    return re.search(rf"{flag} \S+ .*?\(default: ([^)]*)\)", section).group(1)
+
+
+def test_help_shows_every_protocols_own_defaults(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"protocol options ({name})" in text for name in protocols())
+    assert [_help_defaults(text, name, "--lr") for name in ("dfedavgm", "mapl", "l2c")] == ["0.05", "0.003", "0.01"]
+    assert [_help_defaults(text, name, "--timeout") for name in ("dfedavgm", "gossip")] == ["60.0", "5.0"]
+
+
+def test_help_for_one_protocol_shows_only_its_options(capsys):
+    assert main(["--protocol", "gossip", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "protocol options (gossip)" in text and "--dim" in text
+    assert "protocol options (mapl)" not in text and "--lr" not in text
+
+
+def test_links_csv_columns_are_the_ledgers_counters():
+    assert LINK_COLUMNS == ("src", "dst", *LINK_COUNTERS)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from emulator import wire
-from emulator.cli import main
+from app.cli import main
 from workloads.datasets import load_dataset
 from workloads.models import build_model
 from workloads.training import float_state, mix

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import topologies
-from emulator.cli import main
-from emulator.seeds import Seeds
-from emulator.config import RunConfig
+from app.cli import main
+from app.run import build_emulation
+from app.settings import RunConfig
 from emulator.network import NotNeighbourError
-from emulator.runner import Emulation
+from emulator.seeds import Seeds
 from protocols.gossip import Gossip, GossipOptions
 from tests.conftest import assert_one_line_error, emulate
 
@@ -113,9 +113,9 @@ def test_messages_to_and_from_an_offline_node_are_dropped(tmp_path):
 
     emulation = emulate(run, nx.path_graph(2), latency="10ms", availability=trace, trace=True)
     assert got == [0.5, 2.5]  # the first was queued before the outage and kept
-    fates = {(r[0], r[2]): r[7] for r in emulation.ledger.trace}
+    fates = {(r.src, r.kind): r.fate for r in emulation.ledger.trace}
     assert fates[1, "from-offline"] == "offline"
-    assert [r[7] for r in emulation.ledger.trace if r[2] == "ping"] == ["delivered", "offline", "delivered"]
+    assert [r.fate for r in emulation.ledger.trace if r.kind == "ping"] == ["delivered", "offline", "delivered"]
     assert emulation.ledger.totals()["dropped_offline"] == 2
 
 
@@ -137,9 +137,9 @@ def test_a_message_still_queued_when_its_sender_goes_down_never_leaves(tmp_path,
                 else {"partition_event": "t=0.5s:groups=0|1:heal=10s"})  # sender down, or the edge
     emulation = emulate(run, nx.path_graph(2), bandwidth="1Mbps", trace=True, **settings)
     assert got == [pytest.approx(1.0, rel=1e-3)]
-    assert [r[7] for r in emulation.ledger.trace] == ["delivered", cause, cause]
+    assert [r.fate for r in emulation.ledger.trace] == ["delivered", cause, cause]
     totals = emulation.ledger.totals()
-    assert totals[f"dropped_{cause}"] == 2 and totals["bytes_total"] == 3 * emulation.ledger.trace[0][4]
+    assert totals[f"dropped_{cause}"] == 2 and totals["bytes_total"] == 3 * emulation.ledger.trace[0].bytes
 
 
 def test_an_outage_that_never_ends_is_a_crash(tmp_path):
@@ -226,7 +226,7 @@ def test_partition_keeps_the_groups_apart_until_the_heal():
     # Rounds take 1 s (the timeout) while parted, 10 ms once whole: rounds 0-3 are parted.
     config = RunConfig(protocol="gossip", rounds=8, partition_event="t=0s:groups=0-4|5-9:heal=3.5s")
     with concurrent.futures.ThreadPoolExecutor(1) as executor:
-        emulation = Emulation(config, nx.complete_graph(10), protocol, executor)
+        emulation = build_emulation(config, nx.complete_graph(10), protocol, executor)
         rows = emulation.run()
     gap = {r["round"]: r["group_gap"] for r in rows if r["node"] == 0}
     start = {r["round"] + 1: r["t"] for r in rows if r["node"] == 0} | {0: 0.0}
@@ -312,7 +312,7 @@ def test_schedule_file_and_a_message_in_flight_on_a_vanishing_edge(tmp_path):
     assert seen["gather", 0] == [] and seen["gather", 1] == []
     # Sent in round 0 on 0 -> 1, which round 1 no longer has: delivered all the same.
     assert (seen["after"].src, seen["after"].round, seen["after"].t_arrive) == (0, 0, 1.0)
-    assert [row[7] for row in emulation.ledger.trace] == ["delivered"]
+    assert [row.fate for row in emulation.ledger.trace] == ["delivered"]
 
 
 def test_time_varying_scenario_file_runs(tmp_path):

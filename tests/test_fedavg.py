@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from emulator.cli import main
+from app.cli import main
 from protocols.fedavg import average
 from tests.conftest import assert_one_line_error
 from workloads.models import build_model

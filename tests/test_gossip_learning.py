@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from emulator import wire
-from emulator.cli import main
+from app.cli import main
 from tests.conftest import assert_one_line_error
 from workloads.models import build_model
 from workloads.training import float_state

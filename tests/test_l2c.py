@@ -7,7 +7,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from emulator.cli import main
+from app.cli import main
 from emulator.errors import UsageError
 from protocols.l2c import MixingLogits, backpropagate, hypergradient, prune_count
 from protocols.meta_l2c import Attention, Encoder, encoded

@@ -5,9 +5,10 @@ import random
 import networkx as nx
 import pytest
 
-from emulator.config import RunConfig
-from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec, parse_delay, parse_loss
-from emulator.session import build_graph
+from app.settings import RunConfig
+from app.settings import parse_delay, parse_loss
+from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec
+from app.run import build_topology
 from emulator.units import UnitError
 from tests.conftest import emulate
 
@@ -146,7 +147,7 @@ def test_topology_file_edge_attributes_override_link_defaults(tmp_path):
     graph_file = tmp_path / "net.edgelist"
     graph_file.write_text("0 1 latency=50ms bandwidth=2Mbps\n0 2\n")
     log = []
-    graph = build_graph(RunConfig(topology=str(graph_file), nodes=3))
+    graph, _ = build_topology(RunConfig(topology=str(graph_file), nodes=3))
     emulate(_receiver_log(log, [(1, PAYLOAD), (2, PAYLOAD)]), graph, latency="10ms", bandwidth="1Mbps")
     arrivals = {node: msg.t_arrive for node, msg, _ in log}
     size = log[0][1].size

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.plots import cluster_similarity, plot_run
-from emulator.cli import main
+from app.cli import main
 from protocols.mapl import classifier_similarity
 from tests.conftest import assert_one_line_error
 

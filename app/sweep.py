@@ -40,14 +40,15 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from emulator import cli
+from analysis.output import (ArgumentsError, Parser, fail, mean_std, metric_header, rich_table, stdout_console,
+                             write_table)
+from analysis.report import write_comparison
+from analysis.rundir import Run, RunDirError, is_finished, load_run
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator.units import UnitError
 
-from .output import Parser, fail, mean_std, metric_header, rich_table, stdout_console, write_table
-from .report import write_comparison
-from .rundir import Run, RunDirError, is_finished, load_run
+from . import cli
 
 PROG = "emulate sweep"
 SECTIONS = {"base", "grid", "out", "table"}
@@ -300,7 +301,7 @@ def tabulate(grid: Grid, runs: list[Point], console: Console) -> list[Path]:
 
 def parse(argv: list[str]):
     parser = Parser(prog=PROG, description="Run the cross product of a grid of settings, then tabulate.")
-    parser.add_argument("--grid", required=True, help="YAML grid file (see analysis/sweep.py)")
+    parser.add_argument("--grid", required=True, help="YAML grid file (see app/sweep.py)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; run nothing")
     return parser.parse_args(argv)
 
@@ -311,7 +312,7 @@ def main(argv: list[str]) -> int:
         grid = load_grid(Path(args.grid))
         runs = points(grid)
         check_settings(grid, runs)
-    except (UsageError, GridError) as exc:
+    except (UsageError, ArgumentsError, GridError) as exc:
         fail(PROG, str(exc))
         return 2
     console = stdout_console()

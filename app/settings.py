@@ -1,18 +1,31 @@
-"""The emulator's own settings: network, clock, compute and output."""
+"""Settings: the emulator's own (network, clock, compute, output), resolved once at the edge.
+
+`resolve` turns a mapping of settings (config file and flags, or `run(**settings)`)
+into a checked RunConfig and the protocol's options; the parsers here turn their
+strings into the objects the emulator is built from (latency and loss models,
+per-node capacities and slowdowns, the compute model). Nothing below app/ parses
+a setting.
+"""
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields
+import tomllib
+from dataclasses import MISSING, dataclass, fields
+from pathlib import Path
+from typing import Any
 
+import networkx as nx
 import numpy as np
+import yaml
 
-from . import units
-from .dynamics import check as check_dynamics
-from .errors import UsageError
-from .links import LinkSpec, parse_delay, parse_loss
-from .node import ComputeModel
-from .seeds import Seeds
+from emulator import units
+from emulator.compute import ComputeModel
+from emulator.errors import UsageError
+from emulator.links import Bernoulli, Delay, GilbertElliott, LinkSpec
+from emulator.seeds import Seeds
+
+from .scenario import check as check_dynamics
 
 
 class ConfigError(UsageError):
@@ -103,8 +116,95 @@ DEVICES = ("cpu", "cuda")
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 
 
+OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
+
+
 def field_names() -> list[str]:
     return [f.name for f in fields(RunConfig)]
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def default(f) -> Any:
+    """A dataclass field's default value."""
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else None
+
+
+def read_config_file(path: str) -> dict:
+    """A YAML or TOML mapping of settings; keys may be spelt with - or _."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        data = tomllib.loads(file.read_text()) if file.suffix == ".toml" else yaml.safe_load(file.read_text())
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise UsageError(f"--config {path}: cannot parse: {first}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _coerce(name: str, value: Any, default_value: Any) -> Any:
+    """Values take the type of the default they replace; a list for a text setting is ';'-joined,
+    false (YAML off) for one is 'none'."""
+    if value is None:  # YAML null: the default
+        return default_value
+    if default_value is None and name in OPTIONAL_INTS:
+        default_value = OPTIONAL_INTS[name]()
+    if isinstance(default_value, str) and value is False:  # YAML off / no / false
+        return "none"
+    if isinstance(default_value, str) and isinstance(value, list):
+        return ";".join(str(item) for item in value)
+    if default_value is None or isinstance(value, type(default_value)) and not (
+            isinstance(value, bool) ^ isinstance(default_value, bool)):
+        return value
+    try:
+        if isinstance(default_value, bool):
+            if str(value).lower() in ("true", "false", "1", "0", "yes", "no"):
+                return str(value).lower() in ("true", "1", "yes")
+            raise ValueError
+        return type(default_value)(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag(name)} {value!r}: expected {type(default_value).__name__}") from None
+
+
+def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> UsageError:
+    """The error for a setting that protocol `protocol` does not have, naming the protocols that do."""
+    owners = [other for other, cls in registry.items() if name in {f.name for f in fields(cls.Options)}]
+    if owners:
+        return UsageError(f"{flag(name)}: not an option of protocol {protocol!r} (it is one of {', '.join(owners)})")
+    return UsageError(f"{flag(name)}: not a setting of the emulator or of protocol {protocol!r}")
+
+
+def resolve(settings: dict[str, Any], registry: dict[str, type]) -> tuple[RunConfig, Any]:
+    """The checked RunConfig and the chosen protocol's options from a mapping of settings.
+
+    A setting neither the emulator nor the chosen protocol has is an error naming it
+    (and the protocols that do have it).
+    """
+    run_fields = {f.name: default(f) for f in fields(RunConfig)}
+    protocol = settings.get("protocol", run_fields["protocol"])
+    if protocol not in registry:
+        raise UsageError(f"--protocol {protocol!r}: unknown; choose one of {', '.join(registry)}")
+    option_fields = {f.name: default(f) for f in fields(registry[protocol].Options)}
+    unknown = sorted(set(settings) - set(run_fields) - set(option_fields))
+    if unknown:
+        raise unknown_setting(unknown[0], protocol, registry)
+    run = RunConfig(**{k: _coerce(k, v, run_fields[k]) for k, v in settings.items() if k in run_fields})
+    options = registry[protocol].Options(**{k: _coerce(k, v, option_fields[k])
+                                            for k, v in settings.items() if k in option_fields})
+    validate(run)
+    check = getattr(options, "validate", None)
+    if check is not None:
+        check()
+    return run, options
 
 
 def _choice(value: str, allowed: tuple, flag: str) -> None:
@@ -140,8 +240,68 @@ def validate(config: RunConfig) -> None:
     check_dynamics(config)
 
 
+_DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
+
+
+def parse_delay(text: str | float) -> Delay:
+    """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
+    if isinstance(text, (int, float)) or str(text)[:1].isdigit() or str(text).startswith("."):
+        return Delay("constant", value=units.duration(text))
+    name, params = units.spec(text)
+    expected = _DELAY_PARAMS.get(name)
+    if expected is None:
+        raise units.UnitError(f"unknown latency model {name!r} (use a duration, uniform, normal or lognormal)")
+    if set(params) != set(expected):
+        raise units.UnitError(f"latency {text!r} needs exactly {', '.join(expected)}")
+    values = {k: (float(v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
+    return Delay(name, **values)
+
+
+def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
+    """'0.01' (Bernoulli) or 'ge:p=0.01,r=0.3[,loss_good=0,loss_bad=1]'."""
+    if isinstance(text, (int, float)) or not str(text)[:1].isalpha():
+        return Bernoulli(units.probability(text))
+    name, params = units.spec(text)
+    if name not in ("ge", "gilbert-elliott"):
+        raise units.UnitError(f"unknown loss model {name!r} (use a probability or ge:p=..,r=..)")
+    allowed = {"p", "r", "loss_good", "loss_bad"}
+    if not {"p", "r"} <= set(params) <= allowed:
+        raise units.UnitError(f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
+    return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
+
+
 def link_spec(config: RunConfig) -> LinkSpec:
     return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss))
+
+
+def edge_specs(graph: nx.Graph, default: LinkSpec) -> dict[tuple[int, int], LinkSpec]:
+    """Links with their own latency, bandwidth or loss (a topology file's edge attributes), both ways if undirected."""
+    specs = {}
+    for src, dst, attrs in graph.edges(data=True):
+        if not {"latency", "bandwidth", "loss"} & set(attrs):
+            continue
+        try:
+            spec = LinkSpec(parse_delay(attrs["latency"]) if "latency" in attrs else default.latency,
+                            units.rate(attrs["bandwidth"]) if "bandwidth" in attrs else default.bandwidth,
+                            parse_loss(attrs["loss"]) if "loss" in attrs else default.loss)
+        except units.UnitError as exc:
+            raise ConfigError(f"topology edge {src}-{dst}: {exc}") from None
+        specs[src, dst] = spec
+        if not graph.is_directed():
+            specs[dst, src] = spec
+    return specs
+
+
+def capacities(graph: nx.Graph, attribute: str, default: str, seeds: Seeds) -> list[float]:
+    """Per-node capacity: the node's attribute in a topology file, else the flag's value or draw."""
+    rates = node_rates(default, graph.number_of_nodes(), seeds.numpy(attribute))
+    for node, value in graph.nodes(data=attribute):
+        if value is not None:
+            try:
+                rates[node] = units.rate(value)
+            except units.UnitError as exc:
+                raise ConfigError(f"topology node {node}: {attribute}: {exc}") from None
+    return rates
 
 
 def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[float, ...]:

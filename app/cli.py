@@ -1,0 +1,141 @@
+"""`emulate`: run one emulation from flags and/or a config file.
+
+Settings resolve as: built-in defaults, then `--config FILE` (YAML or TOML;
+`--scenario FILE` is the same), then flags. The emulator's own settings come
+from `RunConfig`; the chosen protocol's from its `Options` dataclass, and only
+those: another protocol's flag is an error naming both. Bad input of any kind
+ends with one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from emulator import wire
+from emulator.clock import DeadlockError
+from emulator.errors import UsageError
+from emulator.protocol import protocols
+from emulator.units import UnitError
+
+from . import settings as cfg
+from .run import default_out_dir, execute
+
+SUBCOMMANDS = {"report": "analysis.report", "sweep": "app.sweep"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _add_field(group, name: str, default: Any, help_text: str) -> None:
+    if isinstance(default, bool):
+        group.add_argument(cfg.flag(name), dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
+    else:
+        kind = type(default) if isinstance(default, (int, float)) else cfg.OPTIONAL_INTS.get(name, str)
+        group.add_argument(cfg.flag(name), dest=name, type=kind, default=argparse.SUPPRESS,
+                           metavar=name.upper(), help=f"{help_text} (default: {default})")
+
+
+def _protocol_group(parser: argparse.ArgumentParser, name: str, cls: type) -> None:
+    group = parser.add_argument_group(f"protocol options ({name})")
+    for f in fields(cls.Options):
+        _add_field(group, f.name, cfg.default(f), f.metadata.get("help", f.name.replace("_", " ")))
+
+
+def build_parser(registry: dict, protocol: str | None = None) -> _Parser:
+    """The emulator's flags and those of `protocol` (None: no protocol's)."""
+    parser = _Parser(prog="emulate", description="Emulate a peer-to-peer learning protocol on a network.",
+                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`.")
+    parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
+                        help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")
+    parser.add_argument("--list-protocols", action="store_true", help="list the protocols and exit")
+    group = parser.add_argument_group("emulator")
+    for f in fields(cfg.RunConfig):
+        _add_field(group, f.name, cfg.default(f), cfg.HELP[f.name])
+    if protocol is not None:
+        _protocol_group(parser, protocol, registry[protocol])
+    return parser
+
+
+def full_help(registry: dict) -> str:
+    """The emulator's flags, then every protocol's own options with its own defaults."""
+    parts = [build_parser(registry).format_help()]
+    for name, cls in registry.items():
+        parser = _Parser(prog="emulate", usage=argparse.SUPPRESS, add_help=False)
+        _protocol_group(parser, name, cls)
+        parts.append(parser.format_help().strip("\n") + "\n")
+    return "\n".join(parts)
+
+
+def _chosen_protocol(argv: list[str]) -> tuple[str | None, dict]:
+    """The protocol the flags or the config file name (None if neither does), and the file's settings."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--config", "--scenario", dest="config")
+    early.add_argument("--protocol")
+    known, _ = early.parse_known_args(argv)
+    from_file = cfg.read_config_file(known.config) if known.config else {}
+    return known.protocol or from_file.get("protocol"), from_file
+
+
+def resolve(argv: list[str], registry: dict) -> tuple[cfg.RunConfig, Any]:
+    """Flags over the config file over the defaults, checked."""
+    named, settings = _chosen_protocol(argv)
+    protocol = named or cfg.default(next(f for f in fields(cfg.RunConfig) if f.name == "protocol"))
+    if protocol not in registry:
+        raise UsageError(f"--protocol {protocol!r}: unknown; choose one of {', '.join(registry)}")
+    args, extra = build_parser(registry, protocol).parse_known_args(argv)
+    flags = [token for token in extra if token.startswith("--")]
+    if flags:
+        raise cfg.unknown_setting(flags[0][2:].split("=")[0].replace("-", "_"), protocol, registry)
+    if extra:
+        raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+    given = vars(args)
+    given.pop("config", None)
+    given.pop("list_protocols", None)
+    return cfg.resolve({**settings, **given}, registry)
+
+
+def _one_line_warnings(message, category, filename, lineno, file=None, line=None):
+    return f"warning: {message}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    warnings.formatwarning = _one_line_warnings
+    if argv and argv[0] in SUBCOMMANDS:
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    try:
+        registry = protocols()
+        if "--list-protocols" in argv:
+            for name, cls in registry.items():
+                print(f"{name:12s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+            return 0
+        if "-h" in argv or "--help" in argv:
+            named, _ = _chosen_protocol([a for a in argv if a not in ("-h", "--help")])
+            if named is not None and named not in registry:
+                raise UsageError(f"--protocol {named!r}: unknown; choose one of {', '.join(registry)}")
+            print(build_parser(registry, named).format_help() if named else full_help(registry))
+            return 0
+        config, options = resolve(argv, registry)
+        wire.keep_large_frames_in_the_heap()
+        execute(config, options, registry[config.protocol], Path(config.out) if config.out else default_out_dir(config))
+    except (UsageError, UnitError) as exc:
+        print(f"emulate: error: {exc}", file=sys.stderr)
+        return 2
+    except DeadlockError as exc:  # a protocol that waits with no timeout: its bug, not bad input
+        print(f"emulate: error: {exc}; the run directory is incomplete", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

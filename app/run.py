@@ -1,0 +1,206 @@
+"""A run as the user sees it: settings in; network, clock and nodes built; run directory, plots and tables out.
+
+    from app.run import run
+    result = run(protocol="gossip", topology="ring", nodes=16, rounds=30)
+    result.out_dir, result.summary["final"], pandas.DataFrame(result.metrics)
+
+`run(**settings)` takes the names and values of the config keys (every flag, with
+_ for -); the CLI and the sweeps are layers over it.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+import topologies
+from analysis.rundir import final_metrics, write_run_dir
+from emulator import dynamics, wire
+from emulator.clock import RealClock, VirtualClock
+from emulator.compute import Compute
+from emulator.emulation import Emulation
+from emulator.errors import UsageError
+from emulator.ledger import Ledger
+from emulator.network import Network
+from emulator.protocol import Environment, Protocol, protocols
+from emulator.seeds import Seeds
+
+from . import scenario as scenarios
+from . import settings as cfg
+
+
+@dataclass
+class RunResult:
+    """What a finished run gives back: its directory, summary.json's content and the metric rows."""
+    out_dir: Path
+    summary: dict
+    metrics: list[dict]  # one dict per node per round: pandas.DataFrame(result.metrics)
+
+
+def run(**settings: Any) -> RunResult:
+    """Run one emulation from settings named as the config keys; raises UsageError on bad input."""
+    registry = protocols()
+    config, options = cfg.resolve(settings, registry)
+    wire.keep_large_frames_in_the_heap()
+    return execute(config, options, registry[config.protocol], Path(config.out) if config.out else default_out_dir(config))
+
+
+def default_out_dir(config: cfg.RunConfig) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    topology = Path(config.topology).stem if "/" in config.topology else config.topology.split(":")[0]
+    return Path("runs") / f"{stamp}-{config.protocol}-{topology}"
+
+
+def build_topology(config: cfg.RunConfig):
+    """The round-0 graph and the time-varying schedule (None for a static topology).
+
+    A topology or schedule file owns the node count: an explicit --nodes must agree with it.
+    """
+    nodes = cfg.DEFAULT_NODES if config.nodes is None else config.nodes
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", topologies.TopologyWarning)
+            schedule = scenarios.schedule(config, nodes)
+            if schedule is not None:
+                graph = schedule.graph(0)
+            else:
+                from_file = topologies.files.looks_like_path(config.topology.strip())
+                graph = topologies.build(config.topology, config.nodes if from_file else nodes,
+                                         Seeds(config.seed).integer("topology"))
+    except topologies.TopologyError as exc:
+        raise UsageError(f"--topology {config.topology}: {exc}") from None
+    if schedule is not None and config.nodes is not None and schedule.num_nodes != config.nodes:
+        raise UsageError(f"--topology-schedule {config.topology_schedule}: has {schedule.num_nodes} nodes but "
+                         f"--nodes {config.nodes}; leave --nodes unset to use the file's node count")
+    for warning in caught:
+        warnings.warn(str(warning.message), warning.category)
+    return graph, schedule
+
+
+def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
+                    executor: concurrent.futures.Executor, scenario: dynamics.Scenario | None = None,
+                    on_round=lambda rnd, now: None) -> Emulation:
+    """The clock, network, compute and availability the settings ask for, and the emulation over them."""
+    n = graph.number_of_nodes()
+    scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
+    seeds = Seeds(config.seed)
+    clock = RealClock(executor, config.time_scale) if config.clock == "real" else VirtualClock(executor)
+    spec = cfg.link_spec(config)
+    network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
+                      edge_specs=cfg.edge_specs(graph, spec),
+                      uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
+                      downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
+                      compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
+                      schedule=scenario.schedule,
+                      faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
+                      nodes_change=scenario.nodes_change)
+    availability = (dynamics.Availability(scenario, network.online, clock, seeds)
+                    if scenario.nodes_change else None)
+    compute = Compute(cfg.compute_model(config, n, seeds), clock, availability)
+    return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+
+
+def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> RunResult:
+    console = Console(stderr=True, quiet=config.quiet)
+    graph, schedule = build_topology(config)
+    config.nodes = graph.number_of_nodes()
+    scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
+    protocol = protocol_cls(options, env)
+    executor = concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")
+    with executor, _progress(console, config) as (progress, task):
+        def on_round(rnd: int, now: float) -> None:
+            progress.update(task, completed=rnd + 1,
+                            info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
+
+        emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
+        start = time.perf_counter()
+        rows = emulation.run()
+        wall = time.perf_counter() - start
+    summary = _summary(config, scenario, emulation, rows, wall)
+    availability = emulation.availability
+    write_run_dir(out_dir, settings={**asdict(config), **asdict(options)}, rows=rows,
+                  links=emulation.ledger.link_rows(), summary=summary,
+                  trace=emulation.ledger.trace_rows() if emulation.ledger.trace is not None else None,
+                  availability=availability.rows() if availability is not None else None,
+                  streams=emulation.recorder.streams)
+    if not config.no_plots:
+        from analysis.plots import plot_run
+
+        plot_run(out_dir)
+    if not config.quiet:
+        console.print(summary_table(summary, out_dir))
+        protocol.render(console)
+    return RunResult(out_dir, summary, rows)
+
+
+def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
+    """--topology, or the schedule that replaces it; a resampled one names both."""
+    schedule = scenario.schedule
+    if schedule is None:
+        return config.topology
+    if isinstance(schedule, topologies.schedules.Resampled):
+        return f"{config.topology} ({config.topology_schedule})"
+    return config.topology_schedule
+
+
+def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],
+             wall: float) -> dict:
+    totals = emulation.ledger.totals()
+    availability = emulation.availability
+    return {
+        "protocol": config.protocol, "topology": topology_label(config, scenario),
+        "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed,
+        **totals,
+        "messages_in_flight": totals["messages_total"] - totals["messages_delivered"]
+        - sum(v for k, v in totals.items() if k.startswith("dropped_")),
+        "wall_seconds": wall,
+        "emulated_seconds": emulation.clock.now,
+        "final": final_metrics(rows),
+        **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
+        **emulation.protocol.summary(),
+    }
+
+
+def _progress(console: Console, config: cfg.RunConfig):
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("round {task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                        console=console, transient=True, disable=config.quiet)
+    task = progress.add_task(f"{config.protocol} on {config.topology}", total=config.rounds, info="")
+
+    class _Context:
+        def __enter__(self):
+            progress.start()
+            return progress, task
+
+        def __exit__(self, *exc):
+            progress.stop()
+
+    return _Context()
+
+
+def summary_table(summary: dict, out_dir: Path) -> Table:
+    table = Table(title=f"{summary['protocol']} on {summary['topology']}: {summary['nodes']} nodes, "
+                        f"{summary['rounds']} rounds  →  {out_dir}")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_row("emulated time", f"{summary['emulated_seconds']:.3f} s")
+    table.add_row("wall time", f"{summary['wall_seconds']:.2f} s")
+    table.add_row("messages sent / delivered", f"{summary['messages_total']} / {summary['messages_delivered']}")
+    table.add_row("bytes sent", f"{summary['bytes_total']:,}")
+    dropped = {k: v for k, v in summary.items() if k.startswith("dropped_") and v}
+    for name, count in dropped.items():
+        table.add_row(name.replace("_", " "), str(count))
+    for name, value in summary["final"].items():
+        table.add_row(f"final {name}", f"{value:.4f}" if isinstance(value, float) else str(value))
+    return table

@@ -1,0 +1,71 @@
+"""One emulation: every node's coroutine on a network and a clock, from objects built elsewhere."""
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Callable
+
+from .compute import Compute
+from .network import Network
+from .node import Node, NodeContext
+from .protocol import Protocol
+from .recorder import Recorder
+from .seeds import Seeds
+
+
+class Emulation:
+    """The nodes of one run, driven on `clock` over `network`; `availability` (if any) takes them down and up."""
+
+    def __init__(self, protocol: Protocol, network: Network, clock, compute: Compute, rounds: int, seeds: Seeds,
+                 availability=None, on_round: Callable = lambda rnd, now: None):
+        self.protocol, self.network, self.clock, self.rounds = protocol, network, clock, rounds
+        self.ledger, self.availability = network.ledger, availability
+        n = network.num_nodes
+        self.recorder = Recorder(n, network.ledger, protocol.observe, on_round)
+        if availability is not None:
+            availability.on_crash = self._crash
+        self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds)) for i in range(n)]
+        self.tasks: dict[int, asyncio.Task] = {}
+        self._running: set[int] = set()
+
+    def _crash(self, node: int) -> None:
+        if node in self._running:  # a task cancelled before its first step could not catch it
+            self.tasks[node].cancel()
+        self.recorder.crash(node, self.clock.now)
+
+    async def _node_main(self, node_main: Callable, node: Node) -> None:
+        crashed = self.availability.crashed if self.availability is not None else ()
+        if node.id in crashed:
+            return
+        self._running.add(node.id)
+        try:
+            await node_main(node)
+        except asyncio.CancelledError:
+            if node.id not in crashed:
+                raise
+        finally:
+            self._running.discard(node.id)
+
+    def run(self) -> list[dict]:
+        """Run every node to the end; the metric rows in (round, node) order."""
+        node_main = self.protocol.run if self.rounds > 0 else self.protocol.run_no_rounds
+
+        async def main():
+            if self.availability is not None:
+                self.availability.start()
+            for node in self.nodes:
+                task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))
+                task._log_destroy_pending = False  # as gather does for its own: a failed run leaves them
+            await asyncio.gather(*self.tasks.values())
+
+        # Messages are short-lived and acyclic; full collections over a large run's
+        # long-lived objects would dominate the wall time.
+        gc.freeze()
+        thresholds = gc.get_threshold()
+        gc.set_threshold(50_000, 50, 100)
+        try:
+            self.clock.run(main())
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
+        return self.recorder.finish(self.clock.now)

@@ -1,0 +1,85 @@
+"""The recorder: each node's metric rows per round, the observer's metrics, and extra streams."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+from .ledger import Ledger
+
+
+class Recorder:
+    """Per node per round metric rows, observer metrics, and extra jsonl streams.
+
+    A round closes (observer, progress) when every node still alive has finished it;
+    a crashed node's unfinished round leaves no row and no snapshot.
+    """
+
+    def __init__(self, num_nodes: int, ledger: Ledger, observe: Callable, on_round: Callable):
+        self.num_nodes, self.ledger, self.observe, self.on_round = num_nodes, ledger, observe, on_round
+        self.rows: dict[tuple[int, int], dict] = {}
+        self.snapshots: dict[int, dict[int, Any]] = defaultdict(dict)
+        self.finished: dict[int, int] = defaultdict(int)  # open round -> live nodes that finished it
+        self.done_through = [-1] * num_nodes  # each node's last finished round
+        self.alive = num_nodes
+        self.streams: dict[str, list[dict]] = defaultdict(list)
+
+    def _row(self, node: int, rnd: int) -> dict:
+        row = self.rows.get((rnd, node))
+        if row is None:
+            row = self.rows[rnd, node] = {"round": rnd, "node": node}
+        return row
+
+    def log(self, node: int, rnd: int, metrics: dict) -> None:
+        self._row(node, rnd).update(metrics)
+
+    def snapshot(self, node: int, rnd: int, state: Any) -> None:
+        self.snapshots[rnd][node] = state
+
+    def record(self, stream: str, row: dict) -> None:
+        self.streams[stream].append(row)
+
+    def end_round(self, node: int, rnd: int, now: float) -> None:
+        self._row(node, rnd)["t"] = now
+        self.done_through[node] = rnd
+        self.finished[rnd] += 1
+        if self.finished[rnd] == self.alive:
+            self._close(rnd, now)
+
+    def crash(self, node: int, now: float) -> None:
+        """Forget the node's unfinished rounds and close the rounds that waited only for it."""
+        done = self.done_through[node]
+        for rnd, _ in [key for key in self.rows if key[1] == node and key[0] > done]:
+            del self.rows[rnd, node]
+        for rnd in [rnd for rnd in self.snapshots if rnd > done]:
+            self.snapshots[rnd].pop(node, None)
+        self.alive -= 1
+        for rnd in sorted(self.finished):
+            if rnd <= done:
+                self.finished[rnd] -= 1
+            if self.finished[rnd] == self.alive:
+                self._close(rnd, now)
+
+    def _close(self, rnd: int, now: float) -> None:
+        del self.finished[rnd]
+        self._observe(rnd)
+        self.on_round(rnd, now)
+
+    def _observe(self, rnd: int) -> None:
+        snapshots = self.snapshots.pop(rnd, None)
+        if snapshots:
+            for node, metrics in self.observe(rnd, snapshots).items():
+                self._row(node, rnd).update(metrics)
+
+    def finish(self, now: float) -> list[dict]:
+        """Rows in (round, node) order, with each node's ledger totals for the round.
+
+        A row whose round never closed (e.g. --rounds 0) is stamped with the end time.
+        """
+        for rnd in list(self.snapshots):
+            self._observe(rnd)
+        rows = []
+        for (rnd, node), row in sorted(self.rows.items()):
+            row.setdefault("t", now)
+            row.update(self.ledger.node_round(node, rnd))
+            rows.append(row)
+        return rows
