@@ -95,10 +95,10 @@ def test_crops_are_scattered_sub_ramps():
 @pytest.mark.parametrize(
     "ours,theirs,lo,hi",
     [
-        (augment._brightness, F.adjust_brightness, 0.6, 1.4),
-        (augment._contrast, F.adjust_contrast, 0.6, 1.4),
-        (augment._saturation, F.adjust_saturation, 0.6, 1.4),
-        (augment._hue, F.adjust_hue, -0.1, 0.1),
+        (augment.brightness, F.adjust_brightness, 0.6, 1.4),
+        (augment.contrast, F.adjust_contrast, 0.6, 1.4),
+        (augment.saturation, F.adjust_saturation, 0.6, 1.4),
+        (augment.hue_shift, F.adjust_hue, -0.1, 0.1),
     ],
 )
 def test_batched_jitter_ops_match_v2_per_sample(ours, theirs, lo, hi):
@@ -114,10 +114,10 @@ def test_batched_jitter_ops_match_v2_per_sample(ours, theirs, lo, hi):
 
 
 def test_colour_jitter_matches_v2_color_jitter_per_sample():
-    # Replays _colour_jitter's draws (same generator seed, same order of draws)
+    # Replays colour_jitter's draws (same generator seed, same order of draws)
     # through v2's scalar kernels, one sample at a time, ColorJitter-style.
     x = torch.rand(32, 3, 12, 12, generator=torch.Generator().manual_seed(3))
-    ours = TwoViews((3, 12, 12), torch.Generator().manual_seed(4))._colour_jitter(x.clone())
+    ours = TwoViews((3, 12, 12), torch.Generator().manual_seed(4)).colour_jitter(x.clone())
     g = torch.Generator().manual_seed(4)
     apply = torch.rand(32, generator=g) < 0.8
     factors = 0.6 + 0.8 * torch.rand(32, 3, generator=g)

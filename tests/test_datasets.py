@@ -16,9 +16,9 @@ DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 def private_cache(tmp_path, monkeypatch):
     # Keep the .npz cache (and the default torchvision root) out of the real home.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    datasets._load_memoised.cache_clear()
+    datasets.forget_loaded()
     yield
-    datasets._load_memoised.cache_clear()
+    datasets.forget_loaded()
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None) -> None:
@@ -49,7 +49,7 @@ def test_digits():
     for c in range(10):
         n_test, n_all = int((d.test_y == c).sum()), int((d.train_y == c).sum() + (d.test_y == c).sum())
         assert n_test == round(0.2 * n_all)
-    datasets._load_memoised.cache_clear()
+    datasets.forget_loaded()
     assert torch.equal(load_dataset("digits").test_x, d.test_x)
 
 
@@ -71,7 +71,7 @@ def test_fashion_mnist_debian_files_and_cache():
     assert np.bincount(d.train_y.numpy()).tolist() == [6000] * 10
     assert abs(d.mean[0] - 0.2860) < 1e-3 and abs(d.std[0] - 0.3530) < 1e-3
     assert first < 30
-    datasets._load_memoised.cache_clear()  # force the on-disk cache
+    datasets.forget_loaded()  # force the on-disk cache
     start = time.perf_counter()
     cached = load_dataset("fashion-mnist")
     assert time.perf_counter() - start < 1.0

@@ -62,7 +62,7 @@ class TwoViews:
         x = self._resized_crop(x)
         x = self._flip(x)
         if self.in_shape[0] == 3:
-            x = self._colour_jitter(x)
+            x = self.colour_jitter(x)
             x = self._grayscale(x)
         return x
 
@@ -111,7 +111,7 @@ class TwoViews:
         x[gray] = F.rgb_to_grayscale(x[gray], num_output_channels=3)
         return x
 
-    def _colour_jitter(self, x: torch.Tensor) -> torch.Tensor:
+    def colour_jitter(self, x: torch.Tensor) -> torch.Tensor:
         """ColorJitter(0.4, 0.4, 0.4, 0.1) with probability 0.8, per sample: own
         factors and own random order of the four ops, applied batched per op.
         A blend with factor 1 returns its input bit for bit, so the cheap ops run
@@ -124,11 +124,11 @@ class TwoViews:
         order = self._rand(b, 4).argsort(1)  # 0-2: brightness, contrast, saturation; 3: hue
         for step in range(4):
             due = torch.where(apply, order[:, step], -1)
-            for k, blend in enumerate((_brightness, _contrast, _saturation)):
+            for k, blend in enumerate((brightness, contrast, saturation)):
                 x = blend(x, torch.where(due == k, factors[:, k], 1.0).view(-1, 1, 1, 1))
             chosen = due == 3
             if chosen.any():
-                x[chosen] = _hue(x[chosen], hue[chosen].view(-1, 1, 1, 1))
+                x[chosen] = hue_shift(x[chosen], hue[chosen].view(-1, 1, 1, 1))
         return x
 
 
@@ -140,19 +140,19 @@ def _blend(image: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> tor
     return (image * ratio + other * (1 - ratio)).clamp_(0, 1)
 
 
-def _brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+def brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return (x * f).clamp_(0, 1)
 
 
-def _contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+def contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _blend(x, F.rgb_to_grayscale(x).mean((-3, -2, -1), keepdim=True), f)
 
 
-def _saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+def saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _blend(x, F.rgb_to_grayscale(x), f)
 
 
-def _hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+def hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     """v2's adjust_hue (RGB -> HSV, shift H, back) with a per-sample shift. The
     inverse uses the closed form channel = V - C * clamp(min(k, 4 - k), 0, 1),
     k = (n + 6H) mod 6, n = 5, 3, 1 for R, G, B: no gather, and v2's batched

@@ -88,6 +88,11 @@ def normalise(x_uint8: torch.Tensor, dataset: Dataset, mode: str = "standard") -
     return (x / 255.0 - mean) / std
 
 
+def forget_loaded() -> None:
+    """Drop the datasets held in memory; the next load_dataset reads them (or the on-disk cache) again."""
+    _load_memoised.cache_clear()
+
+
 @functools.lru_cache(maxsize=None)
 def _load_memoised(name: str, root: str | None, download: bool) -> Dataset:
     return _LOADERS[name](root, download)
