@@ -271,7 +271,7 @@ def write_run_dir(out_dir: Path, config: cfg.RunConfig, options: Any, emulation:
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
         **({"crashed": sorted(emulation.availability.crashed)} if emulation.availability is not None else {}),
-        **emulation.protocol.summary(),
+        **emulation.protocol.summary(emulation.recorder.streams),
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

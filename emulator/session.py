@@ -72,7 +72,7 @@ def execute(run: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path)
         plot_run(out_dir)
     if not run.quiet:
         console.print(summary_table(summary, out_dir))
-        protocol.render(console)
+        protocol.render(console, summary)
     return summary
 
 
