@@ -140,7 +140,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         plot_run(out_dir)
     if not config.quiet:
         console.print(summary_table(summary, out_dir))
-        protocol.render(console)
+        protocol.render(console, summary)
     return RunResult(out_dir, summary, rows)
 
 
@@ -168,7 +168,7 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
-        **emulation.protocol.summary(),
+        **emulation.protocol.summary(emulation.recorder.streams),
     }
 
 

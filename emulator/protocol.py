@@ -1,8 +1,9 @@
 """What a protocol is, and the registry that finds one by name.
 
-A protocol is a class with a per-node coroutine `run(node)`. Its tunable
-options are a dataclass `Options`; every field becomes a CLI flag and a config
-key. Protocols live as modules of the `protocols` package, which is imported on
+A protocol is a class with a per-node coroutine `run(node)`; what a node keeps
+lives in that coroutine (its locals, or objects it makes), never on the protocol
+object, which every node shares. Its tunable options are a dataclass `Options`;
+every field becomes a CLI flag and a config key. Protocols live as modules of the `protocols` package, which is imported on
 first lookup, so adding a protocol is adding one file there.
 """
 from __future__ import annotations
@@ -62,12 +63,17 @@ class Protocol:
         """Metrics computed across nodes from their round-`rnd` snapshots (an observer, no messages)."""
         return {}
 
-    def summary(self) -> dict[str, Any]:
-        """Extra entries for summary.json."""
+    def summary(self, records: dict[str, list[dict]]) -> dict[str, Any]:
+        """Extra entries for summary.json, derived from what the nodes recorded.
+
+        `records` maps each stream of node.record to its rows, {"round", "node", **row},
+        in recording order. The protocol object is shared by every node and is not
+        written to during a run, so facts about the whole run come from here.
+        """
         return {}
 
-    def render(self, console) -> None:
-        """Print anything worth seeing after the summary table (a rich Console)."""
+    def render(self, console, summary: dict[str, Any]) -> None:
+        """Print anything worth seeing after the summary table (a rich Console), from summary.json's entries."""
 
 
 def register(name: str):

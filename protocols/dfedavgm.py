@@ -13,27 +13,17 @@ as in-degrees (one-peer exponential: half its own model, half the one received).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from emulator.errors import UsageError
 from emulator.protocol import register
-from topologies import neighbour_weight
 from workloads.training import float_state, mix
 
-from .base import LearningProtocol, TrainingOptions
+from .common import DEGREE, STATE, LearningProtocol, MixingOptions, SGDOptions, degree_weights, own_row
 
 
 @dataclass
-class DFedAvgMOptions(TrainingOptions):
-    mixing: str = field(default="mh", metadata={"help": "mixing weights: mh (Metropolis-Hastings) or uniform"})
-    timeout: float = field(default=60.0, metadata={"help": "emulated seconds to wait for neighbours' messages"})
-
-    def validate(self):
-        super().validate()
-        if self.mixing not in ("mh", "uniform"):
-            raise UsageError(f"--mixing {self.mixing!r}: choose mh or uniform")
-        if not self.timeout > 0:
-            raise UsageError(f"--timeout {self.timeout}: must be positive")
+class DFedAvgMOptions(MixingOptions, SGDOptions):
+    pass
 
 
 @register("dfedavgm")
@@ -46,11 +36,11 @@ class DFedAvgM(LearningProtocol):
         o = self.options
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         for _ in node.rounds():
-            loss = await self.train(node, model, data)
+            loss = await self.train(node, model, data)  # 1
             degree = len(node.in_neighbours)
-            node.broadcast("model", {"state": float_state(model), "degree": degree})
+            node.broadcast("model", {STATE: float_state(model), DEGREE: degree})  # 2
             heard = await node.gather("model", timeout=o.timeout)
-            weights = [(neighbour_weight(o.mixing, degree, m.body["degree"]), m.body["state"]) for m in heard.values()]
-            mix(model, 1.0 - sum(w for w, _ in weights), weights)
+            self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
+            mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
             node.snapshot(float_state(model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard))

@@ -4,17 +4,18 @@ DFedAvgM's round with a single local step and no momentum.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from emulator.protocol import register
 
+from .common import SGDOptions, default
 from .dfedavgm import DFedAvgM, DFedAvgMOptions
 
 
 @dataclass
 class DPSGDOptions(DFedAvgMOptions):
-    local_steps: int = field(default=1, metadata={"help": "local SGD steps per round (0: use --local-epochs)"})
-    momentum: float = field(default=0.0, metadata={"help": "heavy-ball momentum"})
+    local_steps: int = default(SGDOptions, "local_steps", 1)
+    momentum: float = default(SGDOptions, "momentum", 0.0)
 
 
 @register("dpsgd")

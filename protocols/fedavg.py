@@ -20,22 +20,20 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .base import LearningProtocol, TrainingOptions, default
+from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default
 
 
 @dataclass
-class FedAvgOptions(TrainingOptions):
-    momentum: float = default(TrainingOptions, "momentum", 0.0)
-    weight_decay: float = default(TrainingOptions, "weight_decay", 0.0)
-    clients_per_round: int = field(default=0, metadata={
-        "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
+class FedAvgOptions(TimeoutOptions, SGDOptions):
+    momentum: float = default(SGDOptions, "momentum", 0.0)
+    weight_decay: float = default(SGDOptions, "weight_decay", 0.0)
     timeout: float = field(default=60.0, metadata={
         "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model)"})
+    clients_per_round: int = field(default=0, metadata={
+        "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
 
     def validate(self):
         super().validate()
-        if not self.timeout > 0:
-            raise UsageError(f"--timeout {self.timeout}: must be positive")
         if self.clients_per_round < 0:
             raise UsageError(f"--clients-per-round {self.clients_per_round}: must not be negative (0: all clients)")
         if self.init != "common":
@@ -87,13 +85,13 @@ class FedAvg(LearningProtocol):
         for _ in node.rounds():
             reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
             sampled = self._sample(node, reachable)
-            node.broadcast("model", {"state": float_state(model)}, to=sampled)
+            node.broadcast("model", {STATE: float_state(model)}, to=sampled)
             # The others get an empty model, so every client hears from the server every round: an
             # unsampled one ends its round now instead of waiting out the silence, which then means
             # only that the server is down.
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sampled, timeout=o.timeout)
-            average(model, [(m.body["samples"], m.body["state"]) for m in updates.values()])
+            average(model, [(m.body["samples"], m.body[STATE]) for m in updates.values()])
             scores = await self.evaluate(node, model, test) if test is not None else {}
             node.log(heard_from=len(updates), **scores)
 
@@ -112,11 +110,11 @@ class FedAvg(LearningProtocol):
                 message = await self._next_model(node)
             if message is None or message.round > node.round or message.body is None:
                 continue  # the server fell silent; or it is rounds ahead (skip to its round); or not sampled
-            model.load_state_dict(message.body["state"], strict=False)
+            model.load_state_dict(message.body[STATE], strict=False)
             scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
             loss = await self.train(node, model, data)
             if self.server in node.neighbours:
-                node.send(self.server, "update", {"state": float_state(model), "samples": len(data.train_y)})
+                node.send(self.server, "update", {STATE: float_state(model), "samples": len(data.train_y)})
             node.log(train_loss=loss, **scores)
 
     async def _next_model(self, node):
@@ -136,5 +134,5 @@ class FedAvg(LearningProtocol):
         x, y = self.workload.global_test()
         return SimpleNamespace(test_x=x, test_y=y)
 
-    def summary(self):
+    def summary(self, records):
         return {"server": self.server}

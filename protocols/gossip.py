@@ -8,7 +8,7 @@ degree that rides on each message; a silent neighbour's weight stays with i
 On a connected graph every x_i converges to the mean of the initial values.
 
 On a directed graph a node sends to its out-neighbours, hears from its
-in-neighbours, and deg is the in-degree: on the one-peer exponential graph
+in-neighbours, and its degree is the in-degree: on the one-peer exponential graph
 that is x_i <- (x_i + x_j) / 2 with j the one node that sends to i.
 """
 from __future__ import annotations
@@ -18,22 +18,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from emulator.protocol import Protocol, register
-from topologies import neighbour_weight
+
+from .common import DEGREE, MixingOptions, check, default, degree_weights, own_row
 
 
 @dataclass
-class GossipOptions:
+class GossipOptions(MixingOptions):
+    timeout: float = default(MixingOptions, "timeout", 5.0)
     dim: int = field(default=16, metadata={"help": "gossip: length of the averaged vector"})
-    timeout: float = field(default=5.0, metadata={"help": "emulated seconds a node waits for its neighbours each round"})
-    mixing: str = field(default="mh", metadata={"help": "mixing weights: mh (Metropolis-Hastings) or uniform"})
 
     def validate(self):
-        from emulator.errors import UsageError
-
-        if self.mixing not in ("mh", "uniform"):
-            raise UsageError(f"--mixing {self.mixing!r}: choose mh or uniform")
-        if self.dim < 1 or self.timeout <= 0:
-            raise UsageError("--dim must be >= 1 and --timeout > 0")
+        super().validate()
+        check("dim", self.dim, self.dim >= 1, "must be at least 1")
 
 
 @register("gossip")
@@ -49,12 +45,13 @@ class Gossip(Protocol):
         x = self.initial(node.id)
         for _ in node.rounds():
             degree = len(node.in_neighbours)
-            node.broadcast("x", {"x": x, "deg": degree})
+            node.broadcast("x", {"x": x, DEGREE: degree})
             heard = await node.gather("x", timeout=self.options.timeout)
+            _, row = own_row(degree_weights(self.options.mixing, degree, heard))
+            # w_ii x + sum_j w_ij x_j as x + sum_j w_ij (x_j - x): the same row, as w_ii = 1 - sum_j w_ij
             mixed = x.copy()
-            for msg in heard.values():
-                w = neighbour_weight(self.options.mixing, degree, msg.body["deg"])
-                mixed += w * (msg.body["x"] - x)
+            for w, j in row:
+                mixed += w * (heard[j].body["x"] - x)
             x = mixed
             node.snapshot(x)
             node.log(heard_from=len(heard))

@@ -19,13 +19,13 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .base import LearningProtocol, TrainingOptions
+from .common import STATE, LearningProtocol, SGDOptions
 
 MERGES = ("average", "age")
 
 
 @dataclass
-class GossipLearningOptions(TrainingOptions):
+class GossipLearningOptions(SGDOptions):
     period: float = field(default=1.0, metadata={
         "help": "gossip-learning: emulated seconds a node listens for pushed models each round (the gossip cycle)"})
     merge: str = field(default="average", metadata={
@@ -61,12 +61,12 @@ class GossipLearning(LearningProtocol):
         for _ in node.rounds():
             deadline = node.now() + o.period
             if node.neighbours:
-                node.send(node.rng.choice(node.neighbours), "model", {"state": float_state(model), "age": age})
+                node.send(node.rng.choice(node.neighbours), "model", {STATE: float_state(model), "age": age})
             heard = 0
             # A push sent in an earlier round is still a model: take every one, in arrival order.
             while (msg := await node.recv(timeout=deadline - node.now(), kind="model")) is not None:
                 w = merge_weight(o.merge, age, msg.body["age"])
-                mix(model, 1.0 - w, [(w, msg.body["state"])])
+                mix(model, 1.0 - w, [(w, msg.body[STATE])])
                 age, heard = max(age, msg.body["age"]), heard + 1
             trained = {}
             if heard or not o.train_on_receipt_only:

@@ -33,26 +33,20 @@ import torch
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.task import WorkloadOptions
 from workloads.training import difference, float_state, inner, loss_gradient
 
-from .base import LearningProtocol, default
-from .dfedavgm import DFedAvgMOptions
-
+from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows
 
 
 @dataclass
-class L2COptions(WorkloadOptions):
-    partition: str = default(WorkloadOptions, "partition", "shards:n=2")
-    val_fraction: float = default(WorkloadOptions, "val_fraction", 0.2)
-    norm: str = default(WorkloadOptions, "norm", "group")  # the paper replaces BatchNorm by GroupNorm
-    local_epochs: int = default(DFedAvgMOptions, "local_epochs", 5)
-    local_steps: int = default(DFedAvgMOptions, "local_steps", 0)
-    lr: float = default(DFedAvgMOptions, "lr", 0.01)
-    momentum: float = default(DFedAvgMOptions, "momentum", 0.0)
-    weight_decay: float = default(DFedAvgMOptions, "weight_decay", 5e-4)
-    batch_size: int = default(DFedAvgMOptions, "batch_size", 10)
-    timeout: float = default(DFedAvgMOptions, "timeout", 60.0)
+class L2COptions(TimeoutOptions, SGDOptions):
+    partition: str = default(SGDOptions, "partition", "shards:n=2")
+    val_fraction: float = default(SGDOptions, "val_fraction", 0.2)
+    norm: str = default(SGDOptions, "norm", "group")  # the paper replaces BatchNorm by GroupNorm
+    local_epochs: int = default(SGDOptions, "local_epochs", 5)
+    lr: float = default(SGDOptions, "lr", 0.01)
+    momentum: float = default(SGDOptions, "momentum", 0.0)
+    batch_size: int = default(SGDOptions, "batch_size", 10)
     alpha_lr: float = field(default=0.1, metadata={
         "help": "AdamW learning rate of the mixing parameters (L2C: logits alpha; meta-L2C: the encoder)"})
     alpha_weight_decay: float = field(default=0.01, metadata={
@@ -62,15 +56,13 @@ class L2COptions(WorkloadOptions):
         "help": "K0: neighbours each node drops at T0, a count (3) or a fraction of its neighbours (0.5); 0: never"})
 
     def validate(self):
+        super().validate()
         if self.model in ("hetero", "hetero-small"):
             raise UsageError(f"--model {self.model}: L2C mixes model updates, so every node needs the same model")
-        if self.lr <= 0 or self.alpha_lr <= 0 or self.batch_size < 1 or self.timeout <= 0:
-            raise UsageError("--lr, --alpha-lr and --timeout must be positive and --batch-size at least 1")
-        if self.local_steps < 0 or self.local_epochs < 1 or self.prune_round < 0 or self.alpha_weight_decay < 0:
-            raise UsageError("--local-epochs must be at least 1; --local-steps, --prune-round and "
-                             "--alpha-weight-decay not negative")
-        if not 0 < self.val_fraction < 1:
-            raise UsageError(f"--val-fraction {self.val_fraction}: L2C needs a validation split, in (0, 1)")
+        check("alpha-lr", self.alpha_lr, self.alpha_lr > 0, "must be positive")
+        check("alpha-weight-decay", self.alpha_weight_decay, self.alpha_weight_decay >= 0, "must not be negative")
+        check("prune-round", self.prune_round, self.prune_round >= 0, "must not be negative")
+        check("val-fraction", self.val_fraction, 0 < self.val_fraction < 1, "L2C needs a validation split, in (0, 1)")
         prune_count(self.prune, 1)
 
 
@@ -135,11 +127,6 @@ class L2C(LearningProtocol):
     Options = L2COptions
     averages_models = True
 
-    def __init__(self, options, env):
-        super().__init__(options, env)
-        self.neighbourhoods: dict[int, list[int]] = {}
-        self.final_weights: dict[int, dict[int, float]] = {}
-
     # -- what L2C and meta-L2C do differently ---------------------------------
     def mixer(self, node, model):
         o = self.options
@@ -159,8 +146,8 @@ class L2C(LearningProtocol):
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         origin = float_state(model)
         mixer = self.mixer(node, model)
-        self.neighbourhoods[node.id] = list(node.neighbours)
-        sources, listeners = list(node.neighbours), set(node.neighbours)
+        neighbours = list(node.neighbours)  # N(i) at the start, which K0 counts
+        sources, listeners = list(neighbours), set(neighbours)
         pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
         for rnd in node.rounds():
             start = float_state(model)
@@ -175,10 +162,9 @@ class L2C(LearningProtocol):
             weights, val_loss = await node.compute(self.collaborate, mixer, model, start, bodies, data,
                                                    work=len(data.val_y))
             node.record("graph", weights={str(j): w for j, w in weights.items()})
-            self.final_weights[node.id] = weights
             await self.share(node, mixer)
             if pruning and rnd == o.prune_round:
-                sources = self.prune(node, sources, weights)
+                sources = self.prune(node, sources, weights, len(neighbours))
             node.snapshot(float_state(model))
             node.log(train_loss=loss, val_loss=val_loss, **await self.evaluate(node, model, data),
                      heard_from=len(heard))
@@ -191,9 +177,10 @@ class L2C(LearningProtocol):
         mixer.optimizer.step()
         return dict(zip(bodies, weights.tolist())), val_loss
 
-    def prune(self, node, sources: list[int], weights: dict[int, float]) -> list[int]:
-        """Drop the K0 sources of smallest weight; tell every neighbour whom i still listens to."""
-        drop = prune_count(self.options.prune, len(self.neighbourhoods[node.id]))
+    def prune(self, node, sources: list[int], weights: dict[int, float], degree: int) -> list[int]:
+        """Drop the K0 sources of smallest weight (K0 of the `degree` neighbours i started with); tell every
+        neighbour whom i still listens to."""
+        drop = prune_count(self.options.prune, degree)
         ranked = sorted(sources, key=lambda j: (weights.get(j, 0.0), j))
         kept = sorted(ranked[drop:])
         node.broadcast("listening", kept)
@@ -206,23 +193,23 @@ class L2C(LearningProtocol):
         return {j for j in listeners if j not in notices or node.id in notices[j].body}
 
     # -- results ---------------------------------------------------------------
-    def summary(self) -> dict:
+    def summary(self, records) -> dict:
         """Where tasks are known: does each node put its same-task neighbours on top of its last weights?"""
         clusters = self.workload.clusters
-        if any(c is None for c in clusters) or not self.final_weights:
+        last = last_rows(records, "graph")
+        if any(c is None for c in clusters) or not last:
             return {}
         identified = {}
-        for i, weights in sorted(self.final_weights.items()):
-            peers = {j for j in self.neighbourhoods[i] if clusters[j] == clusters[i]}
+        for i, row in last.items():
+            peers = {j for j in self.env.graph.neighbors(i) if clusters[j] == clusters[i]}
             if peers:
-                identified[str(i)] = same_task_on_top(i, weights, peers)
+                identified[str(i)] = same_task_on_top(i, {int(j): w for j, w in row["weights"].items()}, peers)
         if not identified:
             return {}
         return {"same_task_on_top": identified, "task_identification": statistics.fmean(identified.values())}
 
-    def render(self, console) -> None:
-        summary = self.summary()
-        if summary:
+    def render(self, console, summary) -> None:
+        if "same_task_on_top" in summary:
             hits = sum(summary["same_task_on_top"].values())
             console.print(f"task identification: {hits} of {len(summary['same_task_on_top'])} nodes give "
                           f"their largest weights to their same-task neighbours")

@@ -5,13 +5,12 @@ from dataclasses import dataclass
 
 from emulator.protocol import register
 
-from .base import LearningProtocol, default
-from .dfedavgm import DFedAvgMOptions
+from .common import LearningProtocol, SGDOptions, default
 
 
 @dataclass
-class LocalOptions(DFedAvgMOptions):
-    init: str = default(DFedAvgMOptions, "init", "independent")
+class LocalOptions(SGDOptions):
+    init: str = default(SGDOptions, "init", "independent")
 
 
 @register("local")

@@ -8,7 +8,7 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
   2. Send xi_i to the neighbours it still talks to; from T_thr on also the
      classifier weight Phi_i (K x d_z); in round 0 also its sample count n_i.
   3. CGL (Algorithm 2), from T_thr on: c_ij = mean_k cos(Phi_i[k], Phi_j[k]), the rows of
-     each Phi first centred (below); s_ij = -c_ij (s_ii = -1); E_g steps on
+     each Phi first centred (docs/mapl.md); s_ij = -c_ij (s_ii = -1); E_g steps on
        l_g(w_i) = mu1 sum_j gamma_j s_ij w_ij + mu2 (beta ||w_i||_2 - log(deg_i + eps)),
      gamma_j = n_j / sum_k n_k over i and its neighbours (the global share on a
      mesh), deg_i = sum_{j != i} w_ij, each step followed by the Euclidean
@@ -25,40 +25,9 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
 CGL scores a neighbour whose classifier did not arrive this round with the last one
 it sent (never one: similarity -1, as the authors' code scores non-neighbours).
 
-Departure from the paper and the code (default; --classifier-rows raw restores theirs):
-  --classifier-rows centred   c_ij compares Phi - mean_k Phi[k]. A vector added to every row
-                      moves every logit by the same amount, which the softmax cannot see, yet
-                      raw cosines count it. The rows of the classes a node never sees are
-                      all pushed down along one shared direction, which dominates the mean
-                      row, and the nodes of both clusters share it. On
-                      digits, scenario 1, M = 10, raw c_ij across the clusters climbs from
-                      0.18 at round 10 to 0.42 at round 39 (within: 0.43 to 0.54), so at
-                      T_thr = 10 every neighbour passes the sign step's threshold and W stays
-                      uniform; centred, within is +0.5 and across -0.5 from the first call.
-                      Centred, within-cluster c_ij still decays as nodes train (0.11-0.17 at
-                      round 99 of 100), and the sign step then prunes some links inside the
-                      cluster too (README, "Does the graph find the clusters?").
-
-Paper vs the authors' code (other defaults follow the code, which produced the tables):
-  --loss-forms code   l_cont = -mean log(sum_pos e^{cos/tau} / sum_{pos+neg} e^{cos/tau});
-                      l_proto = CE(<p_hat, xi_k>) (tau cancels: temperature 1);
-                      l_uni = mean_k sum_{r!=k} exp(<xi_k, xi_r>/tau) on raw prototypes.
-               paper  SupCon (mean over positives of the log-probabilities),
-                      CE(cos(p_hat, xi_k)/tau), (1/K) sum_{k!=r} cos(xi_k, xi_r).
-  --similarity max    c_ij divided by max_j c_ij (only when that max is positive:
-                      dividing by a negative max would flip every sign); raw: c_ij.
-  --graph-step adam   one fresh Adam(lr 0.1, betas (0.5, 0.999)) per CGL call, i.e.
-                      about a sign step of 0.1; sgd: w_i <- w_i - graph_lr * grad.
-  --degree-barrier    off (code): deg_i is a constant, the log barrier has no
-                      gradient; on (paper): d/dw_ij of -log(deg_i + eps).
-  --no-sparsify       the code: keep sending to (and waiting for) zero-weight
-                      neighbours; the default stops, as the paper's Table 4 counts.
-Both the paper and the code use tau = 100, Adam lr 1e-4, betas (0.5, 0.999),
-batch 64, E = 1, T = 400, T_thr = 100, d_z = d_p = 512, head width 4096 and crops
-of 20-100% of the image. CPU defaults here (20 rounds of 8x8 digits): Adam lr
-3e-3, batch 32, 2 epochs per round, crops of 50-100% (a 20% crop of an 8x8 digit
-is about 3x3 pixels), T_thr = rounds // 4 (--t-thr -1), d_z = d_p = 128, head
-width 512, hetero-small backbones; tau = 100 and the rest as the code.
+Where the defaults depart from the paper or the authors' code (--classifier-rows,
+--loss-forms, --similarity, --graph-step, --degree-barrier, --no-sparsify), and the
+CPU-sized defaults: docs/mapl.md. PML (step 1) lives in workloads/prototypes.py.
 
 Variants: `mapl+` (one architecture for all nodes) also averages the backbones
 with w_i (the backbone rides on the same message); --mapl-no-cgl is the paper's
@@ -66,7 +35,6 @@ with w_i (the backbone rides on the same message); --mapl-no-cgl is the paper's
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -78,13 +46,12 @@ from rich.table import Table
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.augment import TwoViews
-from workloads.task import WorkloadOptions
-from workloads.training import batches, float_state, mix
+from workloads.prototypes import ADAM_BETA2, LOSSES, initial_prototypes, personalised_learning
+from workloads.training import float_state, mix
 
-from .base import LearningProtocol, default
+from .common import LearningProtocol, TimeoutOptions, TrainingOptions, check, default, last_rows, own_row
 
 KIND, DROP = "mapl", "drop"
-ADAM_BETA2 = 0.999  # paper and code
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
 
 
@@ -93,19 +60,19 @@ def _help(text: str) -> dict:
 
 
 @dataclass
-class MapLOptions(WorkloadOptions):
-    dataset: str = default(WorkloadOptions, "dataset", "digits")
-    partition: str = default(WorkloadOptions, "partition", "mapl:scenario=1")
-    model: str = default(WorkloadOptions, "model", "hetero-small")
-    d_z: int = default(WorkloadOptions, "d_z", 128)
-    init: str = default(WorkloadOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
-    d_p: int = field(default=128, metadata=_help("MAPL: prototype and projection width (paper 512)"))
-    projection_hidden: int = field(default=512, metadata=_help("MAPL: projection head hidden width (paper 4096)"))
+class MapLOptions(TimeoutOptions, TrainingOptions):
+    dataset: str = default(TrainingOptions, "dataset", "digits")
+    partition: str = default(TrainingOptions, "partition", "mapl:scenario=1")
+    model: str = default(TrainingOptions, "model", "hetero-small")
+    d_z: int = default(TrainingOptions, "d_z", 128)
+    init: str = default(TrainingOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
     local_epochs: int = field(default=2, metadata=_help("local epochs per round (paper: 1)"))
     lr: float = field(default=3e-3, metadata=_help("learning rate (MAPL: Adam; paper 1e-4)"))
-    adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
-    weight_decay: float = field(default=0.0, metadata=_help("weight decay"))
+    weight_decay: float = default(TrainingOptions, "weight_decay", 0.0)
     batch_size: int = field(default=32, metadata=_help("local batch size (MAPL paper: 64)"))
+    d_p: int = field(default=128, metadata=_help("MAPL: prototype and projection width (paper 512)"))
+    projection_hidden: int = field(default=512, metadata=_help("MAPL: projection head hidden width (paper 4096)"))
+    adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
     crop_scale: float = field(default=0.5, metadata=_help(
         "MAPL: smallest crop area of the augmentation, as a fraction of the image (code: 0.2)"))
     tau: float = field(default=100.0, metadata=_help("MAPL: temperature of the contrastive losses"))
@@ -130,21 +97,20 @@ class MapLOptions(WorkloadOptions):
         "MAPL: keep sending to zero-weight neighbours (the authors' code)"))
     mapl_no_cgl: bool = field(default=False, metadata=_help(
         "MAPL w/o CGL: uniform weights over the neighbours, no classifier exchange"))
-    timeout: float = field(default=60.0, metadata=_help("emulated seconds to wait for neighbours' messages"))
 
     def validate(self):
+        super().validate()
         for flag, value, allowed in (("loss-forms", self.loss_forms, LOSSES),
                                      ("similarity", self.similarity, ("max", "raw")),
                                      ("classifier-rows", self.classifier_rows, ("centred", "raw")),
                                      ("graph-step", self.graph_step, ("adam", "sgd"))):
             if value not in allowed:
                 raise UsageError(f"--{flag} {value!r}: choose {' or '.join(allowed)}")
-        if min(self.lr, self.tau, self.timeout, self.graph_lr) <= 0:
-            raise UsageError("--lr, --tau, --timeout and --graph-lr must be positive")
-        if min(self.batch_size, self.local_epochs, self.graph_steps) < 1:
-            raise UsageError("--batch-size, --local-epochs and --graph-steps must be at least 1")
-        if self.t_thr < -1 or min(self.mu1, self.mu2, self.beta, self.weight_decay) < 0:
-            raise UsageError("--t-thr must be -1 or a round, --mu1/--mu2/--beta/--weight-decay not negative")
+        if min(self.tau, self.graph_lr) <= 0:
+            raise UsageError("--tau and --graph-lr must be positive")
+        check("graph-steps", self.graph_steps, self.graph_steps >= 1, "must be at least 1")
+        if self.t_thr < -1 or min(self.mu1, self.mu2, self.beta) < 0:
+            raise UsageError("--t-thr must be -1 or a round, --mu1/--mu2/--beta not negative")
         if not 0 < self.crop_scale <= 1:
             raise UsageError(f"--crop-scale {self.crop_scale}: must be in (0, 1]")
         if not 0 <= self.zero_weight < 1:
@@ -155,76 +121,6 @@ class MapLOptions(WorkloadOptions):
             raise UsageError(f"--normalize {self.normalize}: MAPL's augmentation needs --normalize standard")
         if min(self.d_p, self.projection_hidden) < 1:
             raise UsageError("--d-p and --projection-hidden must be at least 1")
-
-
-# ---------------------------------------------------------------- PML losses
-
-def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
-    """l_cont + l_proto + l_uni as the authors' code computes them."""
-    p_hat = F.normalize(p, dim=1)
-    eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
-    same = y[:, None] == y[None, :]
-    logits = p_hat @ p_hat.T / tau
-    # log(pos / (pos + neg)), pos = same label but not itself, neg = other labels (never itself)
-    cont = -(logits.masked_fill(~same | eye, -math.inf).logsumexp(1)
-             - logits.masked_fill(eye, -math.inf).logsumexp(1)).mean()
-    proto = F.cross_entropy(p_hat @ xi.T, y)
-    others = ~torch.eye(len(xi), dtype=torch.bool, device=xi.device)
-    uni = (torch.exp(xi @ xi.T / tau) * others).sum(1).mean()
-    return cont + proto + uni
-
-
-def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
-    """l_cont + l_proto + l_uni as the paper writes them (cosine forms), averaged over the 2B views."""
-    p_hat, xi_hat = F.normalize(p, dim=1), F.normalize(xi, dim=1)
-    eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
-    positives = (y[:, None] == y[None, :]) & ~eye
-    logits = (p_hat @ p_hat.T / tau).masked_fill(eye, -math.inf)
-    log_prob = (logits - logits.logsumexp(1, keepdim=True)).masked_fill(~positives, 0)
-    cont = -(log_prob.sum(1) / positives.sum(1)).mean()
-    proto = F.cross_entropy(p_hat @ xi_hat.T / tau, y)
-    cosines = xi_hat @ xi_hat.T
-    uni = cosines.masked_fill(torch.eye(len(xi), dtype=torch.bool, device=xi.device), 0).sum() / len(xi)
-    return cont + proto + uni
-
-
-LOSSES = {"code": code_losses, "paper": paper_losses}
-
-
-def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, views: TwoViews,
-                          stats: tuple[torch.Tensor, torch.Tensor], *, epochs: int, batch_size: int, lr: float,
-                          beta1: float, weight_decay: float, tau: float, forms: str,
-                          generator: torch.Generator) -> tuple[float, torch.Tensor]:
-    """PML (Algorithm 1): returns the mean loss and the trained prototypes; trains `model` in place.
-
-    x is standardised (on the model's device); views are drawn on the CPU in 0..1
-    units (the colour ops clamp there). The optimizer is fresh every call, as in
-    the authors' code. Prototypes come and go on the CPU, where messages live.
-    """
-    mean, std = stats
-    xi = prototypes.to(x.device, copy=True).requires_grad_(True)
-    optimizer = torch.optim.Adam([*model.parameters(), xi], lr=lr, betas=(beta1, ADAM_BETA2),
-                                 weight_decay=weight_decay)
-    model.train()
-    total, seen = 0.0, 0
-    for _ in range(epochs):
-        for idx in batches(len(y), batch_size, generator):
-            both = ((torch.cat(views(x[idx].cpu() * std + mean)) - mean) / std).to(x.device)
-            labels = y[idx].repeat(2)
-            z = model.features(both)
-            loss = F.cross_entropy(model.classifier(z), labels) + LOSSES[forms](model.project(z), labels, xi, tau)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(idx)
-            seen += len(idx)
-    return total / max(seen, 1), xi.detach().cpu()
-
-
-def initial_prototypes(num_classes: int, d_p: int, generator: torch.Generator) -> torch.Tensor:
-    """U(-1/sqrt(d_p), 1/sqrt(d_p)), as the authors' code."""
-    bound = 1 / math.sqrt(d_p)
-    return (torch.rand(num_classes, d_p, generator=generator) * 2 - 1) * bound
 
 
 # ---------------------------------------------------------------- CGL
@@ -326,8 +222,7 @@ class CollaborationRow:
 
     def mixing(self, heard: dict) -> tuple[float, list[tuple[float, int]]]:
         """(w_ii plus the weight of neighbours not heard from, [(w_ij, j) for j heard])."""
-        others = [(self.weights[j], j) for j in heard if j in self.weights]
-        return 1.0 - sum(w for w, _ in others), others
+        return own_row({j: self.weights[j] for j in heard if j in self.weights})
 
     def mix(self, own: torch.Tensor, received: dict[int, torch.Tensor]) -> torch.Tensor:
         self_weight, others = self.mixing(received)
@@ -354,7 +249,6 @@ class MAPL(LearningProtocol):
     def __init__(self, options, env):
         super().__init__(options, env, projection=(options.d_p, options.projection_hidden))
         self.t_thr = options.t_thr if options.t_thr >= 0 else env.rounds // 4
-        self.rows: dict[int, dict[int, float]] = {}  # each node's latest row of W, zeros included
         self.clusters = self.workload.clusters if None not in self.workload.clusters else None
         ds = self.workload.dataset
         self.stats = (torch.tensor(ds.mean).view(-1, 1, 1), torch.tensor(ds.std).view(-1, 1, 1))
@@ -403,7 +297,6 @@ class MAPL(LearningProtocol):
     def report(self, node, row: CollaborationRow, neighbours: list[int], loss: float, evaluation: dict,
                heard: int) -> None:
         weights = {j: row.weights.get(j, 0.0) for j in sorted([node.id, *neighbours])}
-        self.rows[node.id] = weights
         node.record("graph", weights={str(j): w for j, w in weights.items()},
                     similarity={str(j): c for j, c in sorted(row.similarity.items())})
         metrics = dict(train_loss=loss, **evaluation, heard_from=heard, links=len(row.peers))
@@ -411,25 +304,26 @@ class MAPL(LearningProtocol):
             metrics["within_cluster"] = cluster_mass(row.weights, node.id, self.clusters)
         node.log(**metrics)
 
-    def within_cluster(self) -> dict[int, float]:
-        return {i: cluster_mass(weights, i, self.clusters) for i, weights in sorted(self.rows.items())}
-
-    def summary(self) -> dict:
+    def summary(self, records) -> dict:
+        """The last W each node recorded (zeros included) and, with clusters, its weight on its own cluster."""
+        rows = {i: {int(j): w for j, w in row["weights"].items()} for i, row in last_rows(records, "graph").items()}
         out = {"collaboration_graph": {str(i): {str(j): w for j, w in weights.items()}
-                                       for i, weights in sorted(self.rows.items())}}
-        if self.clusters is not None and self.rows:
-            mass = self.within_cluster()
+                                       for i, weights in rows.items()}}
+        if self.clusters is not None and rows:
+            mass = {i: cluster_mass(weights, i, self.clusters) for i, weights in rows.items()}
             out["within_cluster_weight"] = {str(i): m for i, m in mass.items()}
             out["within_cluster_weight_mean"] = statistics.fmean(mass.values())
         return out
 
-    def render(self, console) -> None:
+    def render(self, console, summary) -> None:
         """The learned W as a nodes x nodes table: row i is node i's weights, green within its cluster."""
-        if not self.rows:
+        rows = {int(i): {int(j): w for j, w in weights.items()}
+                for i, weights in summary.get("collaboration_graph", {}).items()}
+        if not rows:
             return
-        nodes = sorted(self.rows)
+        nodes = sorted(rows)
         caption = None if self.clusters is None else (
-            f"within-cluster weight, mean over nodes: {statistics.fmean(self.within_cluster().values()):.2f}")
+            f"within-cluster weight, mean over nodes: {summary['within_cluster_weight_mean']:.2f}")
         table = Table(title="learned collaboration graph W (row i: node i's weights)", caption=caption,
                       box=box.SIMPLE_HEAD, padding=(0, 0, 0, 1), show_edge=False)
         table.add_column("node", justify="right")
@@ -437,12 +331,11 @@ class MAPL(LearningProtocol):
         for j in nodes:
             table.add_column(str(j), justify="right")
         for i in nodes:
-            cells = [self._cell(i, j) for j in nodes]
+            cells = [self.cell(i, j, rows[i].get(j, 0.0)) for j in nodes]
             table.add_row(str(i), "-" if self.clusters is None else str(self.clusters[i]), *cells)
         console.print(table)
 
-    def _cell(self, i: int, j: int) -> str:
-        w = self.rows[i].get(j, 0.0)
+    def cell(self, i: int, j: int, w: float) -> str:
         if w <= 0:
             return "·"
         text = f"{w:.2f}".removeprefix("0")  # ".20": three characters keep 20 nodes in 80 columns
@@ -453,8 +346,8 @@ class MAPL(LearningProtocol):
 
 @dataclass
 class MapLPlusOptions(MapLOptions):
-    model: str = default(WorkloadOptions, "model", "cnn-small")
-    init: str = default(WorkloadOptions, "init", "common")
+    model: str = default(TrainingOptions, "model", "cnn-small")
+    init: str = default(TrainingOptions, "init", "common")
 
     def validate(self):
         super().validate()

@@ -30,7 +30,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import difference, float_state, mix
 
-from .dfedavgm import neighbour_weight
+from .common import DEGREE, STATE, degree_weights, own_row
 from .l2c import L2C, L2COptions
 
 
@@ -117,7 +117,7 @@ class MetaL2C(L2C):
     async def share(self, node, mixer) -> None:
         """One gossip step towards the average encoder (Metropolis-Hastings weights)."""
         degree = len(node.neighbours)
-        node.broadcast("encoder", {"state": float_state(mixer.encoder), "degree": degree})
+        node.broadcast("encoder", {STATE: float_state(mixer.encoder), DEGREE: degree})
         heard = await node.gather("encoder", timeout=self.options.timeout)
-        weights = [(neighbour_weight("mh", degree, m.body["degree"]), m.body["state"]) for m in heard.values()]
-        mix(mixer.encoder, 1.0 - sum(w for w, _ in weights), weights)
+        self_weight, row = own_row(degree_weights("mh", degree, heard))
+        mix(mixer.encoder, self_weight, [(w, heard[j].body[STATE]) for w, j in row])

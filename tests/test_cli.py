@@ -202,3 +202,12 @@ def test_help_for_one_protocol_shows_only_its_options(capsys):
 
 def test_links_csv_columns_are_the_ledgers_counters():
     assert LINK_COLUMNS == ("src", "dst", *LINK_COUNTERS)
+
+
+def test_a_flag_of_another_protocol_is_an_error_naming_both(tmp_path, capsys):
+    assert main(["--protocol", "local", "--mixing", "uniform", "--out", str(tmp_path / "r")]) == 2
+    line = assert_one_line_error(capsys, "--mixing")
+    assert "'local'" in line and "dfedavgm" in line
+    assert main(["--protocol", "gossip", "--lr", "0.1", "--out", str(tmp_path / "r")]) == 2
+    assert "'gossip'" in assert_one_line_error(capsys, "--lr")
+    assert not (tmp_path / "r").exists()

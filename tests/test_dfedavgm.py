@@ -4,11 +4,14 @@ import json
 import pytest
 import torch
 
-from emulator import wire
 from app.cli import main
+from app.run import execute
+from app.settings import RunConfig
+from emulator import wire
+from protocols.dfedavgm import DFedAvgM, DFedAvgMOptions
 from workloads.datasets import load_dataset
 from workloads.models import build_model
-from workloads.training import float_state, mix
+from workloads.training import float_state
 
 RING8 = ["--topology", "ring", "--nodes", "8", "--dataset", "digits", "--partition", "iid",
          "--quiet", "--no-plots"]
@@ -105,11 +108,36 @@ def test_dpsgd_runs_one_step_per_round_and_evaluates_every_k(tmp_path, rounds, e
         assert t_end[r] == pytest.approx(expected, abs=1e-9)
 
 
-def test_a_silent_neighbours_weight_stays_with_the_node():
-    """Mixing identical models with a row that gives the missing weight back to self changes nothing."""
-    model = build_model("mlp", (1, 8, 8), 10)
-    before = float_state(model)
-    heard = [(0.25, before)]  # one of two neighbours heard
-    mix(model, 1.0 - 0.25, heard)
-    after = float_state(model)
-    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)
+def untrained(sent: dict, mixed: dict) -> type:
+    """DFedAvgM with local training stubbed out, so a round only mixes; what each node sent and
+    held after mixing goes to the test's dicts."""
+
+    class Untrained(DFedAvgM):
+        async def train(self, node, model, data):
+            sent[node.id] = float_state(model)
+            return 0.0
+
+        def observe(self, rnd, snapshots):
+            mixed.update(snapshots)
+            return {}
+
+    return Untrained
+
+
+def test_a_silent_neighbours_weight_stays_with_the_node(tmp_path):
+    """Ring 0-1-2-3-0 with node 1 down through round 0: x_i' = w_ii x_i + sum_{j heard} w_ij x_j, w_ij = 1/3."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("node,t_down,t_up\n1,0,100\n")
+    run = RunConfig(protocol="dfedavgm", topology="ring", nodes=4, rounds=1, availability=str(trace),
+                    quiet=True, no_plots=True)
+    x, mixed = {}, {}
+    summary = execute(run, DFedAvgMOptions(init="independent", timeout=1.0), untrained(x, mixed), tmp_path / "run").summary
+    assert summary["dropped_offline"] > 0
+    heard = {0: [3], 2: [3], 3: [0, 2]}  # nobody hears node 1
+    for i, others in heard.items():
+        self_weight = 1 - len(others) / 3  # node 1's third stays with nodes 0 and 2
+        for name, value in mixed[i].items():
+            expected = self_weight * x[i][name] + sum(x[j][name] for j in others) / 3
+            assert torch.allclose(value, expected, rtol=0, atol=1e-6), (i, name)
+    # independent starts differ, so a row that gave node 1's weight to the nodes heard would not pass
+    assert all(max(float((x[i][k] - x[j][k]).abs().max()) for k in x[i]) > 0.1 for i in heard for j in heard[i])

@@ -101,7 +101,8 @@ class Workload:
         self.test_set = options.test_set
         if self.test_set == "auto":
             self.test_set = "global" if self.partition.spec.split(":")[0] in GLOBAL_TEST_PARTITIONS else "local"
-        self._global_test: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Built here, not on first use: a run never writes to the workload, which every node shares.
+        self._global_test = self._whole_test() if self.test_set == "global" else None
         record = self.partition.to_json(options.dataset, self.dataset.train_y.numpy(),
                                         self.dataset.test_y.numpy(), self.archs)
         env.write_json("partition.json", {**record, "test_set": self.test_set, "init": options.init})
@@ -138,11 +139,12 @@ class Workload:
                            *self._take(ds.train_x, ds.train_y, node.val), *test, node.cluster, node.classes)
 
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole test split, normalised once and shared read-only by every node."""
-        if self._global_test is None:
-            ds = self.dataset
-            self._global_test = self._take(ds.test_x, ds.test_y, range(len(ds.test_y)))
-        return self._global_test
+        """The whole test split; under --test-set global normalised once and shared read-only by every node."""
+        return self._global_test if self._global_test is not None else self._whole_test()
+
+    def _whole_test(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ds = self.dataset
+        return self._take(ds.test_x, ds.test_y, range(len(ds.test_y)))
 
     def _take(self, x: torch.Tensor, y: torch.Tensor, idx) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(idx, dtype=torch.long)

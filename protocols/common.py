@@ -1,0 +1,170 @@
+"""What the protocols share; not a protocol (nothing here is registered).
+
+- option mixins, each checking its own fields once: TrainingOptions (local training),
+  SGDOptions (LearningProtocol.train's SGD), TimeoutOptions, MixingOptions;
+- the body keys that more than one protocol puts on the wire;
+- a node's row of W from what it heard (own_row, degree_weights);
+- LearningProtocol: the workload, local SGD, evaluation and the consensus observer;
+- last_rows: each node's last row of a recorded stream, for summaries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from emulator.errors import UsageError
+from emulator.protocol import Protocol
+from topologies import neighbour_weight
+from workloads.task import Workload, WorkloadError, WorkloadOptions
+from workloads.training import accuracy, flat, sgd
+
+EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per sample
+
+STATE = "state"  # a model's (or encoder's) floating-point tensors
+DEGREE = "degree"  # the sender's (in-)degree: the receiver's w_ij needs it
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+def default(options: type, name: str, value):
+    """A field of `options` with another default, keeping its help text."""
+    return field(default=value, metadata={f.name: f for f in fields(options)}[name].metadata)
+
+
+def check(flag: str, value, ok: bool, problem: str) -> None:
+    if not ok:
+        raise UsageError(f"--{flag} {value}: {problem}")
+
+
+# -- option mixins: combine them, and each validate() checks its own fields, then hands on
+
+class CheckedOptions:
+    """The root of the option mixins."""
+
+    def validate(self) -> None:
+        """Nothing left to check."""
+
+
+@dataclass
+class TrainingOptions(WorkloadOptions, CheckedOptions):
+    """Local training: epochs of minibatches with a learning rate and weight decay."""
+    local_epochs: int = field(default=1, metadata=_help("local epochs per round"))
+    lr: float = field(default=0.05, metadata=_help("learning rate"))
+    weight_decay: float = field(default=5e-4, metadata=_help("weight decay"))
+    batch_size: int = field(default=32, metadata=_help("local batch size"))
+
+    def validate(self):
+        super().validate()
+        check("lr", self.lr, self.lr > 0, "must be positive")
+        check("batch-size", self.batch_size, self.batch_size >= 1, "must be at least 1")
+        check("local-epochs", self.local_epochs, self.local_epochs >= 1, "must be at least 1")
+        check("weight-decay", self.weight_decay, self.weight_decay >= 0, "must not be negative")
+
+
+@dataclass
+class SGDOptions(TrainingOptions):
+    """Local SGD as LearningProtocol.train runs it: also a step budget and heavy-ball momentum."""
+    local_steps: int = field(default=0, metadata=_help("local SGD steps per round (0: use --local-epochs)"))
+    momentum: float = field(default=0.9, metadata=_help("heavy-ball momentum"))
+
+    def validate(self):
+        super().validate()
+        check("local-steps", self.local_steps, self.local_steps >= 0, "must not be negative")
+        check("momentum", self.momentum, self.momentum >= 0, "must not be negative")
+
+
+@dataclass
+class TimeoutOptions(CheckedOptions):
+    timeout: float = field(default=60.0, metadata=_help("emulated seconds to wait for neighbours' messages"))
+
+    def validate(self):
+        super().validate()
+        check("timeout", self.timeout, self.timeout > 0, "must be positive")
+
+
+@dataclass
+class MixingOptions(TimeoutOptions):
+    """Averaging with the neighbours heard from before the timeout, with weights from the degrees."""
+    mixing: str = field(default="mh", metadata=_help("mixing weights: mh (Metropolis-Hastings) or uniform"))
+
+    def validate(self):
+        super().validate()
+        check("mixing", repr(self.mixing), self.mixing in ("mh", "uniform"), "choose mh or uniform")
+
+
+# -- a node's row of W
+
+def own_row(heard: dict[int, float]) -> tuple[float, list[tuple[float, int]]]:
+    """Node i's row from the weights w_ij of the neighbours heard from: (w_ii, [(w_ij, j), ...]).
+
+    w_ii = 1 - sum of those w_ij: a neighbour not heard from (offline, link down, too
+    slow) leaves its weight with i, so the row still sums to one.
+    """
+    others = [(w, j) for j, w in heard.items()]
+    return 1.0 - sum(w for w, _ in others), others
+
+
+def degree_weights(mixing: str, degree: int, heard: dict) -> dict[int, float]:
+    """w_ij of each message's sender from the two degrees alone: Metropolis-Hastings (mh) or uniform."""
+    return {j: neighbour_weight(mixing, degree, message.body[DEGREE]) for j, message in heard.items()}
+
+
+# -- learning
+
+class LearningProtocol(Protocol):
+    """A protocol over a Workload: every node gets its data split and its own model."""
+    averages_models = False  # then every node needs the same architecture
+
+    def __init__(self, options, env, **workload):
+        super().__init__(options, env)
+        try:
+            self.workload = Workload(options, env, averaged_by=self.name if self.averages_models else None,
+                                     **workload)
+        except WorkloadError as exc:
+            raise UsageError(str(exc)) from None
+
+    async def run_no_rounds(self, node):
+        """--rounds 0: build the node's data and model, evaluate once."""
+        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        node.log(test_acc=await self.accuracy(node, model, data))
+
+    async def train(self, node, model, data) -> float:
+        """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss."""
+        o = self.options
+        samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
+        loss, _ = await node.compute(
+            sgd, model, data.train_x, data.train_y, epochs=o.local_epochs, steps=o.local_steps, lr=o.lr,
+            momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
+            generator=node.torch_generator, work=samples)
+        return loss
+
+    async def evaluate(self, node, model, data) -> dict[str, float]:
+        """{"test_acc": ...} in the rounds --eval-every picks (and the last), else {}; charged as compute."""
+        last = node.round == self.env.rounds - 1
+        if (node.round + 1) % self.options.eval_every and not last:
+            return {}
+        return {"test_acc": await self.accuracy(node, model, data)}
+
+    async def accuracy(self, node, model, data) -> float:
+        return await node.compute(accuracy, model, data.test_x, data.test_y, work=len(data.test_y) * EVAL_COST)
+
+    def observe(self, rnd, snapshots):
+        """consensus_distance: ||x_i - mean_j x_j|| from flattened float states (no messages)."""
+        vectors = {i: flat(state) for i, state in snapshots.items() if state is not None}
+        if len(vectors) < 2:
+            return {}
+        mean = torch.stack(list(vectors.values())).mean(0)
+        return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
+
+
+# -- results
+
+def last_rows(records: dict[str, list[dict]], stream: str) -> dict[int, dict]:
+    """Each node's last row of `stream`, by node id."""
+    last = {}
+    for row in records.get(stream, []):
+        last[row["node"]] = row
+    return dict(sorted(last.items()))
