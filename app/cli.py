@@ -13,7 +13,6 @@ import importlib
 import sys
 import warnings
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from emulator import wire
@@ -23,7 +22,7 @@ from emulator.protocol import protocols
 from emulator.units import UnitError
 
 from . import settings as cfg
-from .run import default_out_dir, execute
+from .run import execute, out_dir
 
 SUBCOMMANDS = {"report": "analysis.report", "sweep": "app.sweep"}
 
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         config, options = resolve(argv, registry)
         wire.keep_large_frames_in_the_heap()
-        execute(config, options, registry[config.protocol], Path(config.out) if config.out else default_out_dir(config))
+        execute(config, options, registry[config.protocol], out_dir(config))
     except (UsageError, UnitError) as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)
         return 2

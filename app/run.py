@@ -51,10 +51,13 @@ def run(**settings: Any) -> RunResult:
     registry = protocols()
     config, options = cfg.resolve(settings, registry)
     wire.keep_large_frames_in_the_heap()
-    return execute(config, options, registry[config.protocol], Path(config.out) if config.out else default_out_dir(config))
+    return execute(config, options, registry[config.protocol], out_dir(config))
 
 
-def default_out_dir(config: cfg.RunConfig) -> Path:
+def out_dir(config: cfg.RunConfig) -> Path:
+    """--out, or runs/<time>-<protocol>-<topology>."""
+    if config.out:
+        return Path(config.out)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     topology = Path(config.topology).stem if "/" in config.topology else config.topology.split(":")[0]
     return Path("runs") / f"{stamp}-{config.protocol}-{topology}"

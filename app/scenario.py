@@ -178,7 +178,8 @@ def schedule(config, n: int):
     if _off(config.topology_schedule):
         return None
     try:
-        return topologies.schedule(str(config.topology_schedule), config.topology, n, Seeds(config.seed).integer("topology"))
+        seed = Seeds(config.seed).integer("topology")
+        return topologies.schedule(str(config.topology_schedule), config.topology, n, seed)
     except topologies.TopologyError as exc:
         raise ScenarioError(f"--topology-schedule {config.topology_schedule}: {exc}") from None
 

@@ -114,13 +114,7 @@ CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
-
-
 OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
-
-
-def field_names() -> list[str]:
-    return [f.name for f in fields(RunConfig)]
 
 
 def flag(name: str) -> str:
@@ -228,15 +222,15 @@ def validate(config: RunConfig) -> None:
     _choice(config.compress, COMPRESSIONS, "compress")
     if config.workers < 0:
         raise ConfigError(f"--workers {config.workers}: must not be negative")
-    for flag, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
-                        ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
-                        ("downlink", lambda text: node_rates(text, 1, np.random.default_rng())),
-                        ("max_message_size", units.size), ("compute_cost", units.duration),
-                        ("compute_speed", lambda text: slowdowns(text, 1, np.random.default_rng()))):
+    for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
+                         ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
+                         ("downlink", lambda text: node_rates(text, 1, np.random.default_rng())),
+                         ("max_message_size", units.size), ("compute_cost", units.duration),
+                         ("compute_speed", lambda text: slowdowns(text, 1, np.random.default_rng()))):
         try:
-            parse(getattr(config, flag))
+            parse(getattr(config, name))
         except units.UnitError as exc:
-            raise ConfigError(f"--{flag.replace('_', '-')}: {exc}") from None
+            raise ConfigError(f"{flag(name)}: {exc}") from None
     check_dynamics(config)
 
 

@@ -3,8 +3,9 @@
 A protocol is a class with a per-node coroutine `run(node)`; what a node keeps
 lives in that coroutine (its locals, or objects it makes), never on the protocol
 object, which every node shares. Its tunable options are a dataclass `Options`;
-every field becomes a CLI flag and a config key. Protocols live as modules of the `protocols` package, which is imported on
-first lookup, so adding a protocol is adding one file there.
+every field becomes a CLI flag and a config key. Protocols live as modules of
+the `protocols` package, which is imported on first lookup, so adding a protocol
+is adding one file there.
 """
 from __future__ import annotations
 

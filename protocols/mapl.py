@@ -202,7 +202,8 @@ class CollaborationRow:
 
     def learn(self, own_classifier: torch.Tensor, o: MapLOptions) -> None:
         """CGL (Algorithm 2) on this row."""
-        self.similarity = {j: classifier_similarity(own_classifier, self.classifiers[j], o.classifier_rows) if j in self.classifiers
+        self.similarity = {j: classifier_similarity(own_classifier, self.classifiers[j], o.classifier_rows)
+                           if j in self.classifiers
                            else -1.0 for j in self.peers}
         if not self.similarity:
             return

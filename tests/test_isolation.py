@@ -29,7 +29,8 @@ def fingerprint(value, seen=None):
         return type(value).__name__
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), hashlib.sha1(value.detach().cpu().numpy().tobytes()).hexdigest())
+        digest = hashlib.sha1(value.detach().cpu().numpy().tobytes()).hexdigest()
+        return ("tensor", str(value.dtype), tuple(value.shape), digest)
     if isinstance(value, np.ndarray):
         return ("array", str(value.dtype), value.shape, hashlib.sha1(value.tobytes()).hexdigest())
     if isinstance(value, nx.Graph):

@@ -83,7 +83,8 @@ class Workload:
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
                                             self.dataset.test_y.numpy(), parts,
-                                            self.dataset.num_classes, env.seeds.stream("partition"), options.val_fraction)
+                                            self.dataset.num_classes, env.seeds.stream("partition"),
+                                            options.val_fraction)
             self.archs = [assigned_arch(options.model, i, options.model_assign, env.seeds.stream("model.assign", i))
                           for i in range(parts)]
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
@@ -119,17 +120,21 @@ class Workload:
         return [node.cluster for node in self.partition.nodes]
 
     def model(self, part: int, name: str | None = None) -> torch.nn.Module:
-        """Data holder `part`'s model: its own initial weights, or the common x0 (part 0's)."""
+        """Data holder `part`'s model: its own initial weights, or the common x0."""
         o = self.options
         d_p, hidden = self.projection if self.projection is not None else (None, 0)
-        seeds = self.env.seeds
         try:
             return build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
-                               assign=o.model_assign, assign_seed=seeds.stream("model.assign", part),
-                               init_seed=seeds.integer("model.init", *([] if o.init == "common" else [part]))).to(self.device)
+                               assign=o.model_assign, assign_seed=self.env.seeds.stream("model.assign", part),
+                               init_seed=self._init_seed(part)).to(self.device)
         except ModelError as exc:
             raise WorkloadError(str(exc)) from None
+
+    def _init_seed(self, part: int) -> int:
+        """One stream for the common x0; one per data holder under --init independent."""
+        key = () if self.options.init == "common" else (part,)
+        return self.env.seeds.integer("model.init", *key)
 
     def data(self, part: int) -> NodeTensors:
         """Data holder `part`'s splits; the test split is the whole one under --test-set global."""
