@@ -22,7 +22,6 @@ Runs go to DIR/<dataset>-r<R>-s<S>-<rule> (default: a fresh temporary directory)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile

@@ -14,7 +14,6 @@ import random
 from dataclasses import dataclass
 
 
-
 class Delay:
     """Latency model; every sample is >= 0."""
 
@@ -82,6 +81,7 @@ class LinkSpec:
     latency: Delay
     bandwidth: float
     loss: Bernoulli | GilbertElliott
+
 
 class Capacity:
     """A node's uplink or downlink: one FIFO shared by all of its links."""
