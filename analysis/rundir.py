@@ -54,23 +54,26 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[dict]) -> Non
 
 
 def final_metrics(rows: list[dict]) -> dict[str, float]:
-    """Each numeric metric's mean over nodes at the last round; test_acc also gets std and worst 10%."""
+    """Each numeric metric's mean at the last round, over the nodes that report a finite value.
+
+    test_acc also gets its std, the mean of the worst 10% and test_acc_nodes, the count
+    of nodes it is taken over (a node without test samples reports no accuracy).
+    """
     if not rows:
         return {}
     last = max(row["round"] for row in rows)
     at_last = [row for row in rows if row["round"] == last]
     skip = {"round", "node", "t"}
-    names = sorted({k for row in at_last for k, v in row.items()
-                    if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)})
     final: dict[str, float] = {}
-    for name in names:
-        values = [row[name] for row in at_last if isinstance(row.get(name), (int, float))]
-        final[name] = statistics.fmean(values)
-    accuracies = sorted(row["test_acc"] for row in at_last if isinstance(row.get("test_acc"), (int, float)))
+    for name in sorted({k for row in at_last for k in row} - skip):
+        values = [v for v in (_number(row.get(name)) for row in at_last) if math.isfinite(v)]
+        if values:
+            final[name] = statistics.fmean(values)
+    accuracies = sorted(v for v in (_number(row.get("test_acc")) for row in at_last) if math.isfinite(v))
     if accuracies:
         final["test_acc_std"] = statistics.pstdev(accuracies)
-        worst = max(1, len(accuracies) // 10)
-        final["test_acc_worst10"] = statistics.fmean(accuracies[:worst])
+        final["test_acc_worst10"] = statistics.fmean(accuracies[:max(1, len(accuracies) // 10)])
+        final["test_acc_nodes"] = len(accuracies)
     return final
 
 

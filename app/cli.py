@@ -22,7 +22,7 @@ from emulator.protocol import protocols
 from emulator.units import UnitError
 
 from . import settings as cfg
-from .run import execute, out_dir
+from .run import LateFailure, execute, out_dir
 
 SUBCOMMANDS = {"report": "analysis.report", "sweep": "app.sweep"}
 
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, UnitError) as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)
         return 2
+    except LateFailure as exc:
+        print(f"emulate: error: {exc}", file=sys.stderr)
+        return 1
     except DeadlockError as exc:  # a protocol that waits with no timeout: its bug, not bad input
         print(f"emulate: error: {exc}; the run directory is incomplete", file=sys.stderr)
         return 1

@@ -130,7 +130,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         start = time.perf_counter()
         rows = emulation.run()
         wall = time.perf_counter() - start
-    summary = _summary(config, scenario, emulation, rows, wall)
+    failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
+    summary = _summary(config, scenario, emulation, rows, wall, failures)
     availability = emulation.availability
     write_run_dir(out_dir, settings={**asdict(config), **asdict(options)}, rows=rows,
                   links=emulation.ledger.link_rows(), summary=summary,
@@ -143,8 +144,23 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         plot_run(out_dir)
     if not config.quiet:
         console.print(summary_table(summary, out_dir))
-        protocol.render(console, summary)
+        _guarded(failures, f"{config.protocol} render", protocol.render, console, summary)
+    if failures:
+        raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
+
+
+class LateFailure(Exception):
+    """Something failed after the last round; summary.json and the plots were still written."""
+
+
+def _guarded(failures: list[str], step: str, fn, *args, default=None):
+    """fn(*args), or `default` with the failure noted in one line."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # protocol code at the end of a run: its rounds' results must survive it
+        failures.append(f"{step} failed: {type(exc).__name__}: {exc}".splitlines()[0])
+        return default
 
 
 def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
@@ -158,9 +174,11 @@ def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
 
 
 def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],
-             wall: float) -> dict:
+             wall: float, failures: list[str]) -> dict:
     totals = emulation.ledger.totals()
     availability = emulation.availability
+    extra = _guarded(failures, f"{config.protocol} summary", emulation.protocol.summary, emulation.recorder.streams,
+                     default={})
     return {
         "protocol": config.protocol, "topology": topology_label(config, scenario),
         "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed,
@@ -171,7 +189,8 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
-        **emulation.protocol.summary(emulation.recorder.streams),
+        **extra,
+        **({"errors": list(failures)} if failures else {}),
     }
 
 

@@ -61,6 +61,15 @@ class Ledger:
         node.msgs_received += 1
         node.bytes_received += nbytes
 
+    def corrupt(self, row: list[int], dst: int, rnd: int, nbytes: int) -> None:
+        """A delivered message its receiver could not decode: counted as a corrupt drop instead."""
+        row[_DELIVERED] -= 1
+        row[_BYTES_DELIVERED] -= nbytes
+        node = self.node_rounds[dst, rnd]
+        node.msgs_received -= 1
+        node.bytes_received -= nbytes
+        self.dropped(row, "corrupt")
+
     def dropped(self, row: list[int], cause: str) -> None:
         row[_DROPPED] += 1
         row[_CAUSE[cause]] += 1

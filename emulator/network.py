@@ -1,12 +1,15 @@
 """The network: it carries encoded messages over links and enforces the topology.
 
-A message is encoded once at send, its exact size goes on the ledger, and it is
-decoded at the receiver on arrival; bytes that fail to decode are dropped as
-corrupt. Drops at send: over_limit, offline (sender), link_down (failed edge or
-partition); when a message queued behind others gets its turn: offline (sender),
-link_down; on the way: loss; at arrival: offline (receiver), corrupt. A message
-already in flight when its edge disappears from a time-varying graph, or fails,
-or when its sender goes offline, is still delivered: its bits had left the sender.
+A message is encoded once at send, and a broadcast's receivers share that one
+immutable frame; its exact size goes on the ledger for every link it crosses.
+The receiver decodes it when it takes it from its mailbox (recv, gather), so
+frames waiting in mailboxes cost one copy per send, not one per receiver; bytes
+that fail to decode are dropped as corrupt then. Drops at send: over_limit,
+offline (sender), link_down (failed edge or partition); when a message queued
+behind others gets its turn: offline (sender), link_down; on the way: loss; at
+arrival: offline (receiver); when taken: corrupt. A message already in flight
+when its edge disappears from a time-varying graph, or fails, or when its sender
+goes offline, is still delivered: its bits had left the sender.
 """
 from __future__ import annotations
 
@@ -34,14 +37,17 @@ class MessageTooLargeWarning(RuntimeWarning):
 
 @dataclass(slots=True)
 class Message:
+    """An arrived message. `body` is set when the receiver takes it; until then `frame` holds its bytes."""
     src: int
     dst: int
     kind: str
     round: int
-    body: Any
     size: int
     t_send: float
     t_arrive: float
+    frame: Any = None
+    body: Any = None
+    trace: TraceRow | None = None
 
 
 class Mailbox:
@@ -159,7 +165,7 @@ class Network:
         self.transmit(src, dst, kind, rnd, frame)
 
     def broadcast(self, src: int, dsts: list[int], kind: str, rnd: int, body: Any) -> None:
-        """Encode once; every receiver decodes its own copy."""
+        """Encode once: every receiver shares the immutable frame and decodes its own copy when it takes it."""
         frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self.wire_rngs[src]))
         for dst in dsts:
             self.transmit(src, dst, kind, rnd, frame)
@@ -190,35 +196,45 @@ class Network:
         if arrival is None:
             return self._drop(link, "loss", trace)
         if self.senders_change and link.last_start > now:
-            self.clock.schedule(link.last_start, self._start, link, rnd, frame, now, arrival, trace)
+            self.clock.schedule(link.last_start, self._start, link, kind, rnd, frame, now, arrival, trace)
         else:
-            self.clock.schedule(arrival, self._arrive, link, rnd, frame, now, arrival, trace)
+            self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, now, arrival, trace)
 
-    def _start(self, link: Link, rnd, frame, t_send, arrival, trace) -> None:
+    def _start(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
         """A queued message's turn: it leaves only if its sender and its edge are still up."""
         if not self.online[link.src]:
             return self._drop(link, "offline", trace)
         if self.faults is not None and self.faults.down(link.src, link.dst, self.clock.now):
             return self._drop(link, "link_down", trace)
-        self.clock.schedule(arrival, self._arrive, link, rnd, frame, t_send, arrival, trace)
+        self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, t_send, arrival, trace)
 
     def _drop(self, link: Link, cause: str, trace: TraceRow | None) -> None:
         self.ledger.dropped(link.counters, cause)
         if trace is not None:
             trace.fate = cause
 
-    def _arrive(self, link: Link, rnd, frame, t_send, arrival, trace) -> None:
+    def _arrive(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
         dst = link.dst
         if not self.online[dst]:
             return self._drop(link, "offline", trace)
-        try:
-            kind, msg_round, body = wire.decode(frame)
-        except (wire.WireError, TypeError, ValueError):
-            return self._drop(link, "corrupt", trace)
         self.ledger.delivered(link.counters, dst, rnd, len(frame))
         if trace is not None:
             trace.t_arrive, trace.fate = arrival, "delivered"
-        self.mailboxes[dst].put(Message(link.src, dst, kind, msg_round, body, len(frame), t_send, arrival))
+        self.mailboxes[dst].put(Message(link.src, dst, kind, rnd, len(frame), t_send, arrival, frame, trace=trace))
+
+    def open(self, message: Message) -> bool:
+        """Decode a message its receiver takes; False, and a corrupt drop instead of a delivery, if it does not decode."""
+        try:
+            kind, rnd, message.body = wire.decode(message.frame)
+            intact = kind == message.kind and rnd == message.round
+        except (wire.WireError, TypeError, ValueError):
+            intact = False
+        message.frame = None  # the receiver's copy now lives in the body
+        if not intact:
+            self.ledger.corrupt(self.links[message.src, message.dst].counters, message.dst, message.round, message.size)
+            if message.trace is not None:
+                message.trace.fate = "corrupt"
+        return intact
 
 
 def _per_node(rate: float | Sequence[float], n: int) -> list[float]:

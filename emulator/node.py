@@ -102,16 +102,25 @@ class Node:
         """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds."""
         deadline = None if timeout is None else self._clock.now + timeout
         while True:
-            messages = self._mailbox.messages
-            if messages:
-                if kind is None:
-                    return messages.popleft()
-                for message in messages:
-                    if message.kind == kind:
-                        messages.remove(message)
-                        return message
+            message = self._take(kind)
+            if message is not None:
+                return message
             if not await self._wait(deadline):
                 return None
+
+    def _take(self, kind: str | None) -> Message | None:
+        """The first intact arrived message (of `kind`), decoded; corrupt ones on the way are dropped."""
+        messages = self._mailbox.messages
+        while True:
+            message = next((m for m in messages if kind is None or m.kind == kind), None)
+            if message is None:
+                return None
+            if kind is None:
+                messages.popleft()
+            else:
+                messages.remove(message)
+            if self._network.open(message):
+                return message
 
     async def gather(self, kind: str, round: int | None = None, peers: list[int] | None = None,
                      timeout: float | None = None) -> dict[int, Message]:
@@ -135,8 +144,9 @@ class Node:
             if message.kind != kind or message.round > rnd:
                 keep.append(message)
             elif message.round == rnd and message.src in wanted:
-                got[message.src] = message
-                wanted.discard(message.src)
+                if self._network.open(message):  # a corrupt one counts as lost: keep waiting for its sender
+                    got[message.src] = message
+                    wanted.discard(message.src)
             elif message.round == rnd:
                 keep.append(message)
         if len(keep) != len(self._mailbox.messages):

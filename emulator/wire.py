@@ -13,13 +13,17 @@ that buffer and with anything else decoded from it; bytes are copied once into a
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
+import sys
 import threading
 
 import msgpack
 import numpy as np
-import torch
+
+# torch is imported inside the functions that handle tensors: frames of numbers and
+# numpy arrays (a gossip run, a listing of protocols) never load it.
 
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 
@@ -37,19 +41,38 @@ _FIELDS = {_TORCH: 4, _NUMPY: 4, _LOSSY: 7}  # payload length per ext type
 _NUMPY_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in (
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
-_TORCH_NAMES = {d: str(d).removeprefix("torch.") for d in (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
-    torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2)}
-_TORCH_DTYPES = {name: d for d, name in _TORCH_NAMES.items()}
-# numpy has no bfloat16 or float8: their bytes travel through numpy as same-size unsigned ints
-_STAND_INS = {torch.bfloat16: torch.uint16, torch.float8_e4m3fn: torch.uint8,
-              torch.float8_e5m2: torch.uint8}
-_CARRIERS = {name: _NUMPY_DTYPES[_TORCH_NAMES[_STAND_INS.get(d, d)]]
-             for name, d in _TORCH_DTYPES.items()}
 _BOOL = _NUMPY_DTYPES["bool"]
-_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _LEVELS = {"q8": 127, "q4": 7}
+
+
+class _TorchDtypes:
+    """torch's dtypes by wire name, and how each travels; built on first use, as it imports torch."""
+
+    def __init__(self):
+        import torch
+
+        self.names = {d: str(d).removeprefix("torch.") for d in (
+            torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+            torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32,
+            torch.float64, torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2)}
+        self.by_name = {name: d for d, name in self.names.items()}
+        # numpy has no bfloat16 or float8: their bytes travel through numpy as same-size unsigned ints
+        self.stand_ins = {torch.bfloat16: torch.uint16, torch.float8_e4m3fn: torch.uint8,
+                          torch.float8_e5m2: torch.uint8}
+        self.carriers = {name: _NUMPY_DTYPES[self.names[self.stand_ins.get(d, d)]]
+                         for name, d in self.by_name.items()}
+        self.casts = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@functools.cache
+def _torch_dtypes() -> _TorchDtypes:
+    return _TorchDtypes()
+
+
+def _is_tensor(obj) -> bool:
+    # Until torch is imported for real, nothing can be a tensor: no need to import it to ask.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = None) -> bytearray:
@@ -92,20 +115,22 @@ class _Encoder:
         self.size = 0
 
     def default(self, obj):
-        if isinstance(obj, torch.Tensor):
-            return self._torch(obj)
         if isinstance(obj, np.ndarray):
             return self._numpy(obj)
+        if _is_tensor(obj):
+            return self._torch(obj)
         raise TypeError(f"wire cannot encode {type(obj).__qualname__}; send dict/list/tuple/str/"
                         "int/float/bool/None/bytes, torch.Tensor or numpy.ndarray")
 
     def _torch(self, t: torch.Tensor) -> msgpack.ExtType:
-        name = _TORCH_NAMES.get(t.dtype)
+        import torch
+
+        name = _torch_dtypes().names.get(t.dtype)
         if name is None or t.layout != torch.strided:
             raise TypeError(f"wire cannot encode {t.layout} tensors of {t.dtype}")
         if t.requires_grad or not t.is_cpu or t.is_neg() or t.is_conj():
             t = t.detach().cpu().resolve_conj().resolve_neg()  # the plain values, on the host
-        if self._compresses(t.dtype):
+        if self._compresses(name):
             return self._lossy(t, name, False)
         return self._ext(_TORCH, _bytes_of(t), name, list(t.shape))
 
@@ -113,19 +138,25 @@ class _Encoder:
         name = a.dtype.name
         if name not in _NUMPY_DTYPES:
             raise TypeError(f"wire cannot encode numpy arrays of {a.dtype}")
-        if self._compresses(_TORCH_DTYPES[name]):
+        if self._compresses(name):
+            import torch
+
             # torch does the lossy maths; it needs native byte order and (to stay quiet) writable
             return self._lossy(torch.from_numpy(np.require(a, a.dtype.newbyteorder("="), "W")),
                                name, True)
         return self._ext(_NUMPY, np.ascontiguousarray(a, _NUMPY_DTYPES[name]), name, list(a.shape))
 
-    def _compresses(self, dtype: torch.dtype) -> bool:
-        return (self.compress != "none" and dtype.is_floating_point
-                and dtype != _CASTS.get(self.compress))
+    def _compresses(self, name: str) -> bool:
+        if self.compress == "none":
+            return False
+        dtypes = _torch_dtypes()
+        dtype = dtypes.by_name[name]
+        return dtype.is_floating_point and dtype != dtypes.casts.get(self.compress)
 
     def _lossy(self, t: torch.Tensor, name: str, as_numpy: bool) -> msgpack.ExtType:
-        if self.compress in _CASTS:
-            data, scale = t.to(_CASTS[self.compress]), None
+        casts = _torch_dtypes().casts
+        if self.compress in casts:
+            data, scale = t.to(casts[self.compress]), None
         else:
             data, scale = _quantise(t, _LEVELS[self.compress], self.rng)
         return self._ext(_LOSSY, _bytes_of(data), name, list(t.shape), self.compress, scale,
@@ -145,11 +176,14 @@ class _Encoder:
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
     """A C-contiguous numpy array over the tensor's memory (a copy only if t is strided)."""
     t = t.contiguous()
-    return (t.view(_STAND_INS[t.dtype]) if t.dtype in _STAND_INS else t).numpy()
+    stand_ins = _torch_dtypes().stand_ins
+    return (t.view(stand_ins[t.dtype]) if t.dtype in stand_ins else t).numpy()
 
 
 def _quantise(t: torch.Tensor, levels: int, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
     """Unbiased stochastic rounding of t/scale*levels to integers in [-levels, levels]."""
+    import torch
+
     work = torch.float64 if t.dtype == torch.float64 else torch.float32
     x = t.to(work)
     scale = float(x.abs().max()) if x.numel() else 0.0
@@ -223,14 +257,16 @@ class _Decoder:
         if code == _LOSSY:
             t = self._lossy(name, shape, offset, nbytes, *fields[4:])
             return t.numpy() if fields[6] else t
-        dtypes = _NUMPY_DTYPES if code == _NUMPY else _CARRIERS
+        dtypes = _NUMPY_DTYPES if code == _NUMPY else _torch_dtypes().carriers
         if type(name) is not str or name not in dtypes:
             raise WireError(f"unknown dtype {name!r:.40}")
         array = self._array(dtypes[name], shape, offset, nbytes)
         if code == _NUMPY:
             return array
+        import torch
+
         t = torch.from_numpy(array)
-        dtype = _TORCH_DTYPES[name]
+        dtype = _torch_dtypes().by_name[name]
         return t if t.dtype == dtype else t.view(dtype)
 
     def _array(self, dtype: np.dtype, shape: list, offset: int, nbytes) -> np.ndarray:
@@ -244,18 +280,21 @@ class _Decoder:
         return array
 
     def _lossy(self, name, shape: list, offset: int, nbytes, codec, scale, as_numpy):
-        dtype = _TORCH_DTYPES.get(name) if type(name) is str else None
+        import torch
+
+        dtypes = _torch_dtypes()
+        dtype = dtypes.by_name.get(name) if type(name) is str else None
         if dtype is None or not dtype.is_floating_point or type(as_numpy) is not bool or (
                 as_numpy and name not in _NUMPY_DTYPES):
             raise WireError(f"compressed tensor of dtype {name!r:.40}, as_numpy={as_numpy!r:.10}")
         if not all(type(d) is int for d in shape):
             raise WireError(f"bad shape {shape!r:.80}")
         count = math.prod(shape)
-        if codec in _CASTS:
+        if codec in dtypes.casts:
             if scale is not None:
                 raise WireError(f"{codec} tensor with a scale")
-            wire = _CASTS[codec]
-            raw = self._array(_CARRIERS[_TORCH_NAMES[wire]], [count], offset, nbytes)
+            wire = dtypes.casts[codec]
+            raw = self._array(dtypes.carriers[dtypes.names[wire]], [count], offset, nbytes)
             return torch.from_numpy(raw).view(wire).to(dtype).view(shape)
         if codec not in _LEVELS:
             raise WireError(f"unknown codec {codec!r:.20}")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-import torch
 
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
 from workloads.task import Workload, WorkloadError, WorkloadOptions
+from workloads.lazy import LazyModule
 from workloads.training import accuracy, flat, sgd
+
+torch = LazyModule("torch")
 
 EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per sample
 
@@ -129,7 +131,7 @@ class LearningProtocol(Protocol):
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""
         model, data = self.workload.model(node.id), self.workload.data(node.id)
-        node.log(test_acc=await self.accuracy(node, model, data))
+        node.log(**await self.scores(node, model, data))
 
     async def train(self, node, model, data) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss."""
@@ -142,14 +144,18 @@ class LearningProtocol(Protocol):
         return loss
 
     async def evaluate(self, node, model, data) -> dict[str, float]:
-        """{"test_acc": ...} in the rounds --eval-every picks (and the last), else {}; charged as compute."""
+        """The scores in the rounds --eval-every picks (and the last), else {}."""
         last = node.round == self.env.rounds - 1
         if (node.round + 1) % self.options.eval_every and not last:
             return {}
-        return {"test_acc": await self.accuracy(node, model, data)}
+        return await self.scores(node, model, data)
 
-    async def accuracy(self, node, model, data) -> float:
-        return await node.compute(accuracy, model, data.test_x, data.test_y, work=len(data.test_y) * EVAL_COST)
+    async def scores(self, node, model, data) -> dict[str, float]:
+        """{"test_acc": ...}, charged as compute; {} for a node without test samples, which has no accuracy."""
+        if not len(data.test_y):
+            return {}
+        return {"test_acc": await node.compute(accuracy, model, data.test_x, data.test_y,
+                                               work=len(data.test_y) * EVAL_COST)}
 
     def observe(self, rnd, snapshots):
         """consensus_distance: ||x_i - mean_j x_j|| from flattened float states (no messages)."""

@@ -33,14 +33,19 @@ class DFedAvgM(LearningProtocol):
     averages_models = True
 
     async def run(self, node):
-        o = self.options
         model, data = self.workload.model(node.id), self.workload.data(node.id)
         for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
-            degree = len(node.in_neighbours)
-            node.broadcast("model", {STATE: float_state(model), DEGREE: degree})  # 2
-            heard = await node.gather("model", timeout=o.timeout)
-            self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
-            mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+            heard_from = await self.average(node, model)  # 2-3
             node.snapshot(float_state(model))
-            node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard))
+            node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=heard_from)
+
+    async def average(self, node, model) -> int:
+        """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed."""
+        o = self.options
+        degree = len(node.in_neighbours)
+        node.broadcast("model", {STATE: float_state(model), DEGREE: degree})  # 2
+        heard = await node.gather("model", timeout=o.timeout)
+        self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
+        mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+        return len(heard)

@@ -73,10 +73,10 @@ class FedAvg(LearningProtocol):
         """--rounds 0: the scores a round would log, of the initial global model."""
         if node.id == self.server:
             if self.workload.test_set == "global":
-                node.log(test_acc=await self.accuracy(node, self.workload.model(0), self._global_test()))
+                node.log(**await self.scores(node, self.workload.model(0), self._global_test()))
         elif self.workload.test_set == "local":
             part = self.part[node.id]
-            node.log(test_acc=await self.accuracy(node, self.workload.model(0), self.workload.data(part)))
+            node.log(**await self.scores(node, self.workload.model(0), self.workload.data(part)))
 
     async def _serve(self, node):
         o = self.options

@@ -29,13 +29,16 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-import torch
 
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import difference, float_state, inner, loss_gradient
 
+from workloads.lazy import LazyModule
+
 from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows
+
+torch = LazyModule("torch")
 
 
 @dataclass
@@ -161,13 +164,15 @@ class L2C(LearningProtocol):
             bodies = {node.id: own, **{j: m.body for j, m in heard.items()}}
             weights, val_loss = await node.compute(self.collaborate, mixer, model, start, bodies, data,
                                                    work=len(data.val_y))
+            heard_from = len(heard)
+            del heard, bodies  # mixed: the neighbours' updates go now, not at the next round's gather
             node.record("graph", weights={str(j): w for j, w in weights.items()})
             await self.share(node, mixer)
             if pruning and rnd == o.prune_round:
                 sources = self.prune(node, sources, weights, len(neighbours))
             node.snapshot(float_state(model))
             node.log(train_loss=loss, val_loss=val_loss, **await self.evaluate(node, model, data),
-                     heard_from=len(heard))
+                     heard_from=heard_from)
 
     @staticmethod
     def collaborate(mixer, model, start: dict, bodies: dict[int, dict], data) -> tuple[dict[int, float], float]:

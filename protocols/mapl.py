@@ -38,18 +38,21 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-import torch
-import torch.nn.functional as F
 from rich import box
 from rich.table import Table
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.augment import TwoViews
-from workloads.prototypes import ADAM_BETA2, LOSSES, initial_prototypes, personalised_learning
 from workloads.training import float_state, mix
 
+from workloads.lazy import LazyModule
+
 from .common import LearningProtocol, TimeoutOptions, TrainingOptions, check, default, last_rows, own_row
+
+torch = LazyModule("torch")
+# PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
+pml = LazyModule("workloads.prototypes")
+augment = LazyModule("workloads.augment")
 
 KIND, DROP = "mapl", "drop"
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
@@ -100,7 +103,7 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
 
     def validate(self):
         super().validate()
-        for flag, value, allowed in (("loss-forms", self.loss_forms, LOSSES),
+        for flag, value, allowed in (("loss-forms", self.loss_forms, pml.LOSSES),
                                      ("similarity", self.similarity, ("max", "raw")),
                                      ("classifier-rows", self.classifier_rows, ("centred", "raw")),
                                      ("graph-step", self.graph_step, ("adam", "sgd"))):
@@ -142,7 +145,7 @@ def classifier_similarity(own: torch.Tensor, other: torch.Tensor, rows: str) -> 
     """
     if rows == "centred":
         own, other = own - own.mean(0), other - other.mean(0)
-    return float(F.cosine_similarity(own, other, dim=1).mean())
+    return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
 
 
 def dissimilarity(c: torch.Tensor, rule: str) -> torch.Tensor:
@@ -155,7 +158,7 @@ def dissimilarity(c: torch.Tensor, rule: str) -> torch.Tensor:
 def learn_row(w: torch.Tensor, s: torch.Tensor, gamma: torch.Tensor, o: MapLOptions) -> torch.Tensor:
     """E_g projected steps on l_g(w_i); index 0 is node i itself."""
     w = w.clone().requires_grad_(True)
-    adam = torch.optim.Adam([w], lr=o.graph_lr, betas=(o.adam_beta1, ADAM_BETA2)) if o.graph_step == "adam" else None
+    adam = torch.optim.Adam([w], lr=o.graph_lr, betas=(o.adam_beta1, pml.ADAM_BETA2)) if o.graph_step == "adam" else None
     for _ in range(o.graph_steps):
         degree = w[1:].sum() if o.degree_barrier else w[1:].sum().detach()
         loss = o.mu1 * (gamma * s * w).sum() + o.mu2 * (o.beta * w.norm() - torch.log(degree + DEGREE_EPS))
@@ -257,13 +260,13 @@ class MAPL(LearningProtocol):
     async def run(self, node):
         o = self.options
         model, data = self.workload.model(node.id), self.workload.data(node.id)
-        prototypes = initial_prototypes(self.workload.num_classes, o.d_p, node.torch_generator)
-        views = TwoViews(self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0))
+        prototypes = pml.initial_prototypes(self.workload.num_classes, o.d_p, node.torch_generator)
+        views = augment.TwoViews(self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0))
         neighbours = list(node.neighbours)
         row = CollaborationRow(node.id, neighbours, len(data.train_y))
         for r in node.rounds():
             loss, prototypes = await node.compute(
-                personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
+                pml.personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
                 epochs=o.local_epochs, batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1,
                 weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
                 work=2 * o.local_epochs * len(data.train_y))  # two views per sample
@@ -281,9 +284,11 @@ class MAPL(LearningProtocol):
             if self.averages_backbones:
                 self_weight, others = row.mixing(heard)
                 mix(model.backbone, self_weight, [(w, heard[j].body["backbone"]) for w, j in others])
+            heard_from = len(heard)
+            del heard  # mixed: the neighbours' copies go now, not at the next round's gather
             if not o.no_sparsify:
                 node.broadcast(DROP, None, to=[j for j in row.sparsify(o.zero_weight) if j in current])
-            self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), len(heard))
+            self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), heard_from)
 
     def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:
         body = {"prototypes": prototypes}

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-from torch import nn
 
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import difference, float_state, mix
 
+from workloads.lazy import LazyModule
+
 from .common import DEGREE, STATE, degree_weights, own_row
 from .l2c import L2C, L2COptions
+
+torch = LazyModule("torch")
+encoders = LazyModule("workloads.encoders")  # an nn.Module: needs torch
 
 
 @dataclass
@@ -53,33 +56,6 @@ def encoder_widths(spec: str) -> tuple[int, ...]:
     return widths
 
 
-def _linear(n_in: int, n_out: int, generator: torch.Generator) -> nn.Linear:
-    """nn.Linear with PyTorch's U(-1/sqrt(n_in), 1/sqrt(n_in)) init drawn from `generator`."""
-    layer = nn.utils.skip_init(nn.Linear, n_in, n_out)
-    for p in layer.parameters():
-        nn.init.uniform_(p, -n_in ** -0.5, n_in ** -0.5, generator=generator)
-    return layer
-
-
-class Encoder(nn.Module):
-    """E(theta) = [phi_1, ..., phi_L], phi_l = [E_l(filter) for each filter of weight tensor l]."""
-
-    def __init__(self, shapes: dict[str, torch.Size], widths: tuple[int, ...], generator: torch.Generator):
-        super().__init__()
-        self.names = list(shapes)
-        layers = []
-        for shape in shapes.values():
-            sizes = (shape[1:].numel(), *widths)
-            mlp = []
-            for n_in, n_out in zip(sizes, sizes[1:]):
-                mlp += [_linear(n_in, n_out, generator), nn.ReLU()]
-            layers.append(nn.Sequential(*mlp[:-1]))
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, drift: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([E_l(drift[name].flatten(1)).flatten() for name, E_l in zip(self.names, self.layers)])
-
-
 def encoded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The tensors the encoder reads: weights with filters (conv and linear), not biases or norms."""
     return {name: value for name, value in state.items() if value.dim() >= 2}
@@ -88,7 +64,7 @@ def encoded(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 class Attention:
     """Meta-L2C's mixer: w_ij = softmax_j <E(dtheta_i), E(dtheta_j)>, E trained by AdamW."""
 
-    def __init__(self, me: int, encoder: Encoder, lr: float, weight_decay: float):
+    def __init__(self, me: int, encoder: encoders.Encoder, lr: float, weight_decay: float):
         self.me, self.encoder = me, encoder
         self.optimizer = torch.optim.AdamW(encoder.parameters(), lr=lr, weight_decay=weight_decay)
 
@@ -106,7 +82,7 @@ class MetaL2C(L2C):
         o = self.options
         generator = torch.Generator().manual_seed(self.env.seeds.integer("meta-l2c.encoder"))  # one E for all nodes
         shapes = {name: value.shape for name, value in encoded(float_state(model)).items()}
-        return Attention(node.id, Encoder(shapes, encoder_widths(o.encoder), generator),
+        return Attention(node.id, encoders.Encoder(shapes, encoder_widths(o.encoder), generator),
                          o.alpha_lr, o.alpha_weight_decay)
 
     def message(self, start: dict, model, origin: dict) -> dict:

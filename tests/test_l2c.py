@@ -10,7 +10,8 @@ import torch
 from app.cli import main
 from emulator.errors import UsageError
 from protocols.l2c import MixingLogits, backpropagate, hypergradient, prune_count
-from protocols.meta_l2c import Attention, Encoder, encoded
+from protocols.meta_l2c import Attention, encoded
+from workloads.encoders import Encoder
 from workloads.models import build_model
 from workloads.training import float_state
 

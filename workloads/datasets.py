@@ -32,8 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .lazy import LazyModule
 import numpy as np
-import torch
+
+torch = LazyModule("torch")
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "svhn", "cinic10")
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import torch
+from .lazy import LazyModule
 
 from .datasets import NORMALIZATIONS, DatasetError, load_dataset, normalise
-from .models import NORMS, ModelError, assigned_arch, build_model
 from .partitions import PartitionError, make_partition
+
+torch = LazyModule("torch")
+# torchvision's architectures come with the models: imported when the first workload is built
+models = LazyModule("workloads.models")
 
 INITS = ("common", "independent")
 TEST_SETS = ("auto", "global", "local")
@@ -85,11 +88,11 @@ class Workload:
                                             self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, env.seeds.stream("partition"),
                                             options.val_fraction)
-            self.archs = [assigned_arch(options.model, i, options.model_assign, env.seeds.stream("model.assign", i))
+            self.archs = [models.assigned_arch(options.model, i, options.model_assign, env.seeds.stream("model.assign", i))
                           for i in range(parts)]
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
-            build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z)
-        except (DatasetError, PartitionError, ModelError) as exc:
+            models.build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z)
+        except (DatasetError, PartitionError, models.ModelError) as exc:
             raise WorkloadError(str(exc)) from None
         archs = sorted(set(self.archs))
         if averaged_by is not None and len(archs) > 1:
@@ -124,11 +127,11 @@ class Workload:
         o = self.options
         d_p, hidden = self.projection if self.projection is not None else (None, 0)
         try:
-            return build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
+            return models.build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
                                assign=o.model_assign, assign_seed=self.env.seeds.stream("model.assign", part),
                                init_seed=self._init_seed(part)).to(self.device)
-        except ModelError as exc:
+        except models.ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
     def _init_seed(self, part: int) -> int:
@@ -157,7 +160,7 @@ class Workload:
 
 
 def _check(o: WorkloadOptions) -> None:
-    for flag, value, allowed in (("norm", o.norm, NORMS), ("init", o.init, INITS),
+    for flag, value, allowed in (("norm", o.norm, models.NORMS), ("init", o.init, INITS),
                                  ("test-set", o.test_set, TEST_SETS), ("normalize", o.normalize, NORMALIZATIONS)):
         if value not in allowed:
             raise WorkloadError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")

@@ -1,8 +1,9 @@
 """Local training, evaluation and model averaging: the pieces protocols run as compute jobs."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from .lazy import LazyModule
+
+torch = LazyModule("torch")
 
 
 def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0):
@@ -29,7 +30,7 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
         for idx in batches(len(y), batch_size, generator, steps):
             if len(idx) < 2 and model.training:
                 continue  # BatchNorm cannot train on a single sample
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -38,13 +39,13 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
     return total / max(seen, 1), seen
 
 
-@torch.no_grad()
 def accuracy(model, x, y, batch_size: int = 1024) -> float:
     if len(y) == 0:
         return float("nan")
     model.eval()
-    correct = sum((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum().item()
-                  for i in range(0, len(y), batch_size))
+    with torch.no_grad():
+        correct = sum((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum().item()
+                      for i in range(0, len(y), batch_size))
     return correct / len(y)
 
 
@@ -53,18 +54,18 @@ def float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
 
 
-@torch.no_grad()
 def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, dict]]) -> None:
     """x <- w_ii x + sum_j w_ij x_j, in place, over the entries the neighbours sent."""
     if not others:
         return
     state = module.state_dict()
-    for name in others[0][1]:
-        value = state[name]
-        mixed = value * self_weight
-        for weight, other in others:
-            mixed.add_(other[name].to(value.device, value.dtype), alpha=weight)
-        value.copy_(mixed)
+    with torch.no_grad():
+        for name in others[0][1]:
+            value = state[name]
+            mixed = value * self_weight
+            for weight, other in others:
+                mixed.add_(other[name].to(value.device, value.dtype), alpha=weight)
+            value.copy_(mixed)
 
 
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -85,6 +86,6 @@ def loss_gradient(model, x, y) -> tuple[float, dict[str, torch.Tensor]]:
     """Cross-entropy of the model (eval mode) on (x, y) and its gradient by parameter name."""
     model.eval()
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    loss = F.cross_entropy(model(x), y)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
     grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return loss.item(), {name: g for (name, _), g in zip(named, grads) if g is not None}

@@ -1,0 +1,23 @@
+"""Modules imported on first use, so that listing protocols and non-learning runs never load torch."""
+from __future__ import annotations
+
+import importlib
+
+
+class LazyModule:
+    """Stands for a module and imports it on the first attribute access.
+
+    Unlike a lazy placeholder in sys.modules (importlib.util.LazyLoader), nothing
+    else sees it: libraries that probe sys.modules for torch (matplotlib does, for
+    every plotted array) would otherwise load it.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"
+
