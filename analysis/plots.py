@@ -1,17 +1,28 @@
 """PNG plots of a run directory, written to RUN_DIR/plots at the end of every run.
 
 - `<metric>_vs_round.png`, `<metric>_vs_time.png`, `<metric>_vs_bytes.png`: the run's
-  main metric (test_acc, else e.g. gossip's error), mean over nodes with a ±std band
-  and every node faint, against the round, the emulated time (the mean at the time the
-  last node ended the round, each node at its own) and the bytes all nodes sent so far;
-- `link_bytes_matrix.png`: bytes sent on each directed link (src x dst);
-- `link_bytes_topology.png`: the graph, each edge as wide as the bytes it carried;
+  main metric (test_acc, else e.g. gossip's error) against the round, the emulated time
+  (when the last node ended the round) and the bytes all nodes sent so far. Up to
+  MAX_NODE_LINES nodes: the mean over nodes with a ±std band, and every node faint (on
+  the time axis at its own clock). Beyond: the median with a band from the 10th to the
+  90th percentile over nodes, and the WORST_NODES nodes with the worst last value
+  (lowest accuracy, highest error or loss) as thin lines named in the legend. A node
+  that reported nothing in a round (e.g. no test samples) is left out of that round;
+- `link_bytes_matrix.png`: bytes sent on each directed link (src x dst); beyond
+  MAX_MATRIX_SIDE nodes, summed over blocks of consecutive node ids;
+- `link_bytes_topology.png`: the graph, each edge as wide as the bytes it carried; not
+  drawn beyond MAX_TOPOLOGY_NODES nodes, where no layout is legible (and the spring
+  layout costs O(N^2)): the matrix shows the same bytes;
 - `learned_graph.png` (mapl, l2c: graph.jsonl): the mixing matrix W after warm-up,
-  half-way and at the end;
+  half-way and at the end; beyond MAX_MATRIX_SIDE nodes, the mean w_ij over blocks;
 - `cluster_graph.png` (mapl with a clustered partition): the weight each node puts
-  on its own cluster, and the mean similarity c_ij within and across clusters;
-- `availability.png` (churn: availability.jsonl): when each node was up.
+  on its own cluster (drawn as the metric is; the worst nodes put the least), and the
+  mean similarity c_ij within and across clusters;
+- `availability.png` (churn: availability.jsonl): when each node was up, as the
+  fraction of each time bin it was up; beyond MAX_MATRIX_SIDE nodes, per block of nodes.
 
+Whatever the number of nodes, a figure holds a bounded number of artists and no array
+beyond MAX_MATRIX_SIDE x AVAILABILITY_BINS cells besides the run's own per-node data.
 Figures are built without pyplot (no global figure registry, no display: PNGs go
 through the Agg canvas), so nothing stays open once a plot is written.
 """
@@ -20,14 +31,16 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import networkx as nx
 import numpy as np
 from matplotlib.collections import LineCollection
+from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from .rundir import Curves, Run, RunDirError, load_run
+from .rundir import Curves, Run, RunDirError, higher_is_better, load_run
 
 DPI = 110
 AXES = {  # x-axis name -> label
@@ -35,6 +48,15 @@ AXES = {  # x-axis name -> label
     "time": "emulated time (s)",
     "bytes": "bytes sent, all nodes",
 }
+MAX_NODE_LINES = 32  # beyond: percentiles over nodes and only the worst nodes' lines
+WORST_NODES = 3
+MAX_MATRIX_SIDE = 200  # rows and columns of a node x node image; beyond, blocks of nodes
+MAX_TOPOLOGY_NODES = 300
+AVAILABILITY_BINS = 400
+SPREAD = {False: "mean ± std over nodes", True: "median, 10–90% of nodes"}  # by "beyond MAX_NODE_LINES"
+UPTIME = LinearSegmentedColormap.from_list("uptime", ["tab:red", "#b5deb5"])  # down .. up
+
+Figures = Iterator[tuple[str, Figure]]  # file name, figure
 
 
 def _figure(width: float = 6.4, height: float = 4.0) -> Figure:
@@ -44,6 +66,10 @@ def _figure(width: float = 6.4, height: float = 4.0) -> Figure:
 def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     return path
+
+
+def _many(curves: Curves) -> bool:
+    return curves.values.shape[0] > MAX_NODE_LINES
 
 
 def _mean_x(curves: Curves, axis: str) -> np.ndarray:
@@ -77,63 +103,118 @@ def _label_axes(ax, axis: str, metric: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _band(ax, x, curves: Curves, color: str, **line) -> None:
-    """The mean over nodes (dots when there are too few rounds for a line) with a ±std band."""
+def _spread(curves: Curves, many: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Centre, low and high over nodes: mean ± std, or with many nodes the median and 10th and 90th percentiles
+    (a std band says little about a skewed crowd)."""
+    if many:
+        return curves.percentile(50), curves.percentile(10), curves.percentile(90)
     mean, std = curves.mean, curves.std
-    ax.plot(x, mean, color=color, marker="o" if len(x) < 3 else None, **line)
-    ax.fill_between(x, mean - std, mean + std, alpha=0.2, color=color, linewidth=0)
+    return mean, mean - std, mean + std
 
 
-def metric_plots(run: Run, plots: Path) -> list[Path]:
+def _band(ax, x, curves: Curves, many: bool, color: str, **line) -> None:
+    """The centre over nodes (dots when there are too few rounds for a line) with its band."""
+    centre, low, high = _spread(curves, many)
+    ax.plot(x, centre, color=color, marker="o" if len(x) < 3 else None, **line)
+    ax.fill_between(x, low, high, alpha=0.2, color=color, linewidth=0)
+
+
+def worst_nodes(curves: Curves, higher_better: bool, count: int = WORST_NODES) -> list[int]:
+    """The `count` nodes whose last reported value is worst; a node that never reported is not ranked."""
+    reported = ~np.isnan(curves.values)
+    last = curves.values.shape[1] - 1 - np.argmax(reported[:, ::-1], axis=1)
+    final = curves.values[np.arange(len(last)), last]  # NaN for a node that never reported
+    order = np.argsort(final if higher_better else -final, kind="stable")  # NaN sorts last
+    return [int(i) for i in order[:count] if not np.isnan(final[i])]
+
+
+def _nodes(ax, curves: Curves, axis: str, higher_better: bool) -> None:
+    """The spread over nodes with every node faint, or with many nodes only the worst ones, named."""
+    many = _many(curves)
+    if not many:
+        lines = np.stack([_node_x(curves, axis), curves.values], axis=-1)  # (N, R, 2): one line per node
+        ax.add_collection(LineCollection(lines, colors="grey", alpha=0.35, linewidths=0.7, label="each node"),
+                          autolim=True)
+    _band(ax, _mean_x(curves, axis), curves, many, "C0", linewidth=2, label=SPREAD[many])
+    if many:
+        x = _node_x(curves, axis)
+        for k, i in enumerate(worst_nodes(curves, higher_better)):
+            ax.plot(x[i], curves.values[i], color=f"C{k + 1}", linewidth=0.8, label=f"worst: node {i}")
+
+
+def _metric_figure(run: Run, curves: Curves, axis: str) -> Figure:
+    fig = _figure()
+    ax = fig.add_subplot()
+    _nodes(ax, curves, axis, higher_is_better(curves.metric))
+    _label_axes(ax, axis, curves.metric)
+    ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def metric_figures(run: Run) -> Figures:
     curves = run.curves()
     if curves is None:
-        return []
-    written = []
+        return
     for axis in _usable_axes(curves):
-        fig = _figure()
-        ax = fig.add_subplot()
-        nodes = np.stack([_node_x(curves, axis), curves.values], axis=-1)  # (N, R, 2): one line per node
-        ax.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7, label="each node"),
-                          autolim=True)
-        _band(ax, _mean_x(curves, axis), curves, "C0", linewidth=2, label="mean ± std over nodes")
-        _label_axes(ax, axis, curves.metric)
-        ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
-        ax.legend(fontsize=8)
-        written.append(_save(fig, plots / f"{curves.metric}_vs_{axis}.png"))
-    return written
+        yield f"{curves.metric}_vs_{axis}.png", _metric_figure(run, curves, axis)
 
 
-def _link_bytes(run: Run) -> tuple[int, dict[tuple[int, int], int]]:
-    sent = {(row["src"], row["dst"]): row["bytes_sent"] for row in run.links or ()}
-    n = max([run.num_nodes, *(max(pair) + 1 for pair in sent)])
-    return n, sent
+def _block(n: int) -> int:
+    """Nodes per row or column of a node x node image: one, or as many as keep it within MAX_MATRIX_SIDE."""
+    return max(1, math.ceil(n / MAX_MATRIX_SIDE))
 
 
-def _tick_nodes(ax, n: int) -> None:
+def _block_sizes(n: int, block: int) -> np.ndarray:
+    return np.diff(np.minimum(np.arange(0, n + block, block), n))
+
+
+def _cell_sums(rows: np.ndarray, cols: np.ndarray, weights: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Sum of `weights` per (row, col) cell, without any array larger than `shape`."""
+    flat = np.bincount(rows * shape[1] + cols, weights=weights, minlength=shape[0] * shape[1])
+    return flat.reshape(shape)
+
+
+def _node_image(ax, cells: np.ndarray, block: int, **style):
+    """`cells` (blocks x blocks) drawn over node ids: block k spans nodes k*block .. (k+1)*block - 1."""
+    edge = cells.shape[0] * block - 0.5
+    return ax.imshow(cells, interpolation="nearest", extent=(-0.5, edge, edge, -0.5), **style)
+
+
+def _label_nodes(ax, n: int, block: int, xlabel: str, ylabel: str) -> None:
+    per_block = f", blocks of {block}" if block > 1 else ""
+    ax.set_xlabel(xlabel + per_block)
+    if ylabel:
+        ax.set_ylabel(ylabel + per_block)
     if n <= 16:
         ax.set_xticks(range(n))
         ax.set_yticks(range(n))
-    else:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    else:  # few ticks: node ids run to 5 digits
+        ax.xaxis.set_major_locator(MaxNLocator(6, integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(6, integer=True))
 
 
-def link_plots(run: Run, plots: Path) -> list[Path]:
-    n, sent = _link_bytes(run)
-    if not any(sent.values()):  # no links.csv, or nothing sent (local training)
-        return []
-    matrix = np.ma.masked_all((n, n))
-    for (src, dst), size in sent.items():
-        matrix[src, dst] = size
+def _links(run: Run) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """Node count, and each links.csv row's src, dst and bytes sent."""
+    rows = [(row["src"], row["dst"], row["bytes_sent"]) for row in run.links or ()]
+    src, dst, sent = np.array(rows, dtype=np.int64).reshape(-1, 3).T
+    n = max(run.num_nodes, int(src.max(initial=-1)) + 1, int(dst.max(initial=-1)) + 1)
+    return n, src, dst, sent
+
+
+def _link_matrix(run: Run, n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarray) -> Figure:
+    block = _block(n)
+    rows, cols, shape = src // block, dst // block, (math.ceil(n / block),) * 2
+    linked = _cell_sums(rows, cols, np.ones(len(src)), shape) > 0  # a link that carried 0 bytes is not blank
+    total = np.ma.masked_array(_cell_sums(rows, cols, sent.astype(float), shape), ~linked)
     fig = _figure(5.6, 4.8)
     ax = fig.add_subplot()
-    image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="bytes sent", format=EngFormatter(unit="B"))
-    ax.set_xlabel("destination")
-    ax.set_ylabel("source")
-    _tick_nodes(ax, n)
+    image = _node_image(ax, total, block, cmap="viridis")
+    fig.colorbar(image, ax=ax, label="bytes sent" if block == 1 else "bytes sent, summed over the block",
+                 format=EngFormatter(unit="B"))
+    _label_nodes(ax, n, block, "destination", "source")
     ax.set_title(f"{run.name}: bytes per link (blank: no link)", fontsize=9)
-    return [_save(fig, plots / "link_bytes_matrix.png"), _topology_plot(run, n, sent, plots)]
+    return fig
 
 
 def _layout(graph: nx.Graph) -> dict:
@@ -144,14 +225,14 @@ def _layout(graph: nx.Graph) -> dict:
     return nx.spring_layout(graph, seed=0)
 
 
-def _topology_plot(run: Run, n: int, sent: dict[tuple[int, int], int], plots: Path) -> Path:
+def _topology(run: Run, n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarray) -> Figure:
     graph = nx.Graph()
     graph.add_nodes_from(range(n))
-    for (src, dst), size in sent.items():
-        if graph.has_edge(src, dst):
-            graph[src][dst]["bytes"] += size
+    for s, d, size in zip(src.tolist(), dst.tolist(), sent.tolist()):
+        if graph.has_edge(s, d):
+            graph[s][d]["bytes"] += size
         else:
-            graph.add_edge(src, dst, bytes=size)
+            graph.add_edge(s, d, bytes=size)
     pos = _layout(graph)
     heaviest = max((b for _, _, b in graph.edges(data="bytes")), default=0) or 1
     fig = _figure(5.6, 5.2)
@@ -164,18 +245,31 @@ def _topology_plot(run: Run, n: int, sent: dict[tuple[int, int], int], plots: Pa
     ax.set_axis_off()
     ax.set_title(f"{run.name}: topology, edge width ∝ bytes (max {EngFormatter(unit='B', places=1)(heaviest)})",
                  fontsize=9)
-    return _save(fig, plots / "link_bytes_topology.png")
+    return fig
 
 
-def weight_matrices(rows: list[dict], n: int) -> dict[int, np.ndarray]:
-    """graph.jsonl rows -> round -> W (row i: node i's weights; absent entries 0)."""
-    matrices: dict[int, np.ndarray] = {}
-    for row in rows:
-        rnd, i = int(row["round"]), int(row["node"])
-        w = matrices.setdefault(rnd, np.zeros((n, n)))
-        for j, weight in row["weights"].items():
-            w[i, int(j)] = weight
-    return dict(sorted(matrices.items()))
+def link_figures(run: Run) -> Figures:
+    n, src, dst, sent = _links(run)
+    if not sent.any():  # no links.csv, or nothing sent (local training)
+        return
+    yield "link_bytes_matrix.png", _link_matrix(run, n, src, dst, sent)
+    if n <= MAX_TOPOLOGY_NODES:
+        yield "link_bytes_topology.png", _topology(run, n, src, dst, sent)
+
+
+def weight_matrices(rows: list[dict], n: int, rounds: list[int], block: int = 1) -> dict[int, np.ndarray]:
+    """graph.jsonl rows -> round -> W, for `rounds` (row i: node i's weights; absent entries 0);
+    with block > 1, the mean w_ij over each block x block cell."""
+    side = math.ceil(n / block)
+    sizes = _block_sizes(n, block)
+    matrices = {}
+    for rnd in rounds:
+        entries = [(int(row["node"]), int(j), float(w)) for row in rows if int(row["round"]) == rnd
+                   for j, w in row["weights"].items()]
+        i, j, w = np.array(entries, dtype=float).reshape(-1, 3).T
+        sums = _cell_sums(i.astype(int) // block, j.astype(int) // block, w, (side, side))
+        matrices[rnd] = sums / np.outer(sizes, sizes)
+    return matrices
 
 
 def _even(weights: dict) -> bool:
@@ -192,26 +286,24 @@ def snapshot_rounds(rows: list[dict]) -> list[int]:
     return sorted({learned, later[len(later) // 2], later[-1]})
 
 
-def learned_graph_plot(run: Run, plots: Path) -> list[Path]:
+def learned_graph_figures(run: Run) -> Figures:
     rows = run.stream("graph")
     if not rows:
-        return []
+        return
     n = max([run.num_nodes, *(int(r["node"]) + 1 for r in rows),
              *(int(j) + 1 for r in rows for j in r["weights"])])
-    matrices = weight_matrices(rows, n)
-    shown = snapshot_rounds(rows)
-    top = max(float(matrices[r].max()) for r in shown) or 1.0
+    shown, block = snapshot_rounds(rows), _block(n)
+    matrices = weight_matrices(rows, n, shown, block)
+    top = max(float(m.max()) for m in matrices.values()) or 1.0
     fig = _figure(4.2 * len(shown) + 0.8, 4.2)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     for ax, rnd in zip(axes, shown):
-        image = ax.imshow(matrices[rnd], cmap="magma_r", vmin=0, vmax=top, interpolation="nearest")
+        image = _node_image(ax, matrices[rnd], block, cmap="magma_r", vmin=0, vmax=top)
         ax.set_title(f"round {rnd}", fontsize=9)
-        ax.set_xlabel("j (neighbour)")
-        _tick_nodes(ax, n)
-    axes[0].set_ylabel("i (node)")
-    fig.colorbar(image, ax=list(axes), label="w_ij")
+        _label_nodes(ax, n, block, "j (neighbour)", "i (node)" if ax is axes[0] else "")
+    fig.colorbar(image, ax=list(axes), label="w_ij" if block == 1 else "w_ij, mean over the block")
     fig.suptitle(f"{run.name}: learned collaboration graph W ({run.protocol})", fontsize=10)
-    return [_save(fig, plots / "learned_graph.png")]
+    yield "learned_graph.png", fig
 
 
 def cluster_similarity(rows: list[dict], clusters: dict[int, int]) -> dict[str, tuple[list[int], list[float]]]:
@@ -226,17 +318,17 @@ def cluster_similarity(rows: list[dict], clusters: dict[int, int]) -> dict[str, 
     return {side: (sorted(by), [float(np.mean(by[r])) for r in sorted(by)]) for side, by in pairs.items()}
 
 
-def cluster_plot(run: Run, plots: Path) -> list[Path]:
+def cluster_figures(run: Run) -> Figures:
     """Left: the weight each node puts on its own cluster; right: mean c_ij within and across clusters."""
-    rows, clusters, mass = run.stream("graph"), run.clusters, run.curves("within_cluster")
-    if not rows or clusters is None or mass is None or np.all(np.isnan(mass.values)):
-        return []
+    rows, clusters = run.stream("graph"), run.clusters
+    if not rows or clusters is None:
+        return
+    mass = run.curves("within_cluster")
+    if mass is None or np.all(np.isnan(mass.values)):
+        return
     fig = _figure(10.0, 4.0)
     left, right = fig.subplots(1, 2)
-    nodes = np.stack([_node_x(mass, "round"), mass.values], axis=-1)
-    left.add_collection(LineCollection(nodes, colors="grey", alpha=0.35, linewidths=0.7, label="each node"),
-                        autolim=True)
-    _band(left, mass.rounds, mass, "C0", linewidth=2, label="mean ± std over nodes")
+    _nodes(left, mass, "round", higher_better=True)
     _label_axes(left, "round", "weight on own cluster (w_ii included)")
     left.set_ylim(-0.02, 1.02)
     left.legend(fontsize=8)
@@ -245,34 +337,58 @@ def cluster_plot(run: Run, plots: Path) -> list[Path]:
     _label_axes(right, "round", "mean similarity c_ij")
     right.legend(fontsize=8)
     fig.suptitle(f"{run.name}: graph learning against the partition's clusters ({run.protocol})", fontsize=10)
-    return [_save(fig, plots / "cluster_graph.png")]
+    yield "cluster_graph.png", fig
 
 
-def availability_plot(run: Run, plots: Path) -> list[Path]:
+def _integral_at(edges: np.ndarray, blocks: np.ndarray, times: np.ndarray, side: int) -> np.ndarray:
+    """(side, len(edges)): per block, the sum over `times` before each edge e of (e - time)."""
+    shape = (side, len(edges) + 1)
+    after = np.searchsorted(edges, times, side="right")  # the first edge past each time
+    count = np.cumsum(_cell_sums(blocks, after, np.ones(len(times)), shape), axis=1)[:, :-1]
+    total = np.cumsum(_cell_sums(blocks, after, times, shape), axis=1)[:, :-1]
+    return edges * count - total
+
+
+def _uptime(rows: list[dict], n: int, end: float, block: int) -> np.ndarray:
+    """(blocks, AVAILABILITY_BINS): the fraction of each block's node-time up in each time bin.
+
+    A spell down from d to u covers clip(e - d, 0, u - d) seconds before time e, which is
+    (e - d)+ - (e - u)+: summed over spells at the bin edges, then differenced, it gives the
+    time down per bin without a spell x bin array.
+    """
+    side = math.ceil(n / block)
+    edges = np.linspace(0, end, AVAILABILITY_BINS + 1)
+    blocks = np.array([int(r["node"]) // block for r in rows])
+    down = np.clip([float(r["t_down"]) for r in rows], 0, end)
+    up = np.clip([end if r.get("t_up") is None else float(r["t_up"]) for r in rows], down, end)
+    seconds_down = np.diff(_integral_at(edges, blocks, down, side) - _integral_at(edges, blocks, up, side), axis=1)
+    return np.clip(1 - seconds_down / (np.diff(edges) * _block_sizes(n, block)[:, None]), 0, 1)
+
+
+def availability_figures(run: Run) -> Figures:
     rows = [r for r in run.stream("availability") or () if "node" in r and "t_down" in r]
     if not rows:
-        return []
+        return
     ends = [run.emulated_seconds, *(float(r["t_up"]) for r in rows if r.get("t_up") is not None)]
     end = max(e for e in ends if not math.isnan(e))
+    if end <= 0:
+        return
     n = max([run.num_nodes, *(int(r["node"]) + 1 for r in rows)])
-    fig = _figure(7.0, max(2.5, 0.22 * n + 1.2))
+    block = _block(n)
+    up = _uptime(rows, n, end, block)
+    fig = _figure(7.0, min(max(2.5, 0.22 * len(up) + 1.2), 8.0))
     ax = fig.add_subplot()
-    for i in range(n):
-        ax.broken_barh([(0, end)], (i - 0.4, 0.8), color="tab:green", alpha=0.35, linewidth=0)
-    for row in rows:
-        down = float(row["t_down"])
-        up = end if row.get("t_up") is None else float(row["t_up"])
-        ax.broken_barh([(down, up - down)], (int(row["node"]) - 0.4, 0.8), color="tab:red", linewidth=0)
-    ax.set_ylim(-0.6, n - 0.4)
-    ax.set_xlim(0, end)
+    image = ax.imshow(up, cmap=UPTIME, vmin=0, vmax=1, aspect="auto", interpolation="nearest", origin="lower",
+                      extent=(0, end, -0.5, len(up) * block - 0.5))
+    fig.colorbar(image, ax=ax, label="fraction of the time up")
     ax.set_xlabel("emulated time (s)")
-    ax.set_ylabel("node")
+    ax.set_ylabel("node" if block == 1 else f"node, blocks of {block}")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{run.name}: node availability (green up, red down)", fontsize=9)
-    return [_save(fig, plots / "availability.png")]
+    yield "availability.png", fig
 
 
-PLOTS = (metric_plots, link_plots, learned_graph_plot, cluster_plot, availability_plot)
+PLOTS = (metric_figures, link_figures, learned_graph_figures, cluster_figures, availability_figures)
 
 
 def plot_run(out_dir: Path) -> list[Path]:
@@ -289,23 +405,25 @@ def plot_run(out_dir: Path) -> list[Path]:
     plots = Path(out_dir) / "plots"
     plots.mkdir(exist_ok=True)
     written = []
-    for plot in PLOTS:
+    for figures in PLOTS:
         try:
-            written += plot(run, plots)
+            for name, fig in figures(run):
+                written.append(_save(fig, plots / name))
         except Exception as exc:  # noqa: BLE001 - a plot is a by-product; the run's data is already written
-            warnings.warn(f"plot {plot.__name__} skipped: {type(exc).__name__}: {exc}")
+            warnings.warn(f"plot {figures.__name__} skipped: {type(exc).__name__}: {exc}")
     return written
 
 
-def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
-    """One figure per metric and x-axis with every run's mean (± std band) as a labelled line."""
+def overlay_figures(runs: list[Run]) -> Figures:
+    """One figure per metric and x-axis with every run's centre and band over nodes as a labelled line;
+    median and 10–90% when a run has more than MAX_NODE_LINES nodes, else mean ± std."""
     by_metric: dict[str, list[tuple[Run, Curves]]] = {}
     for run in runs:
         curves = run.curves()
         if curves is not None:
             by_metric.setdefault(curves.metric, []).append((run, curves))
-    written = []
     for metric, group in by_metric.items():
+        many = any(_many(c) for _, c in group)
         for axis in AXES:
             drawn = [(run, c) for run, c in group if axis in _usable_axes(c)]
             if not drawn:
@@ -313,11 +431,14 @@ def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
             fig = _figure(7.0, 4.4)
             ax = fig.add_subplot()
             for k, (run, curves) in enumerate(drawn):
-                _band(ax, _mean_x(curves, axis), curves, f"C{k % 10}", linewidth=1.8, label=run.name)
+                _band(ax, _mean_x(curves, axis), curves, many, f"C{k % 10}", linewidth=1.8, label=run.name)
             finals = [c.cumulative_bytes[-1] for _, c in drawn] if axis == "bytes" else []
             if finals and max(finals) > 20 * min(finals):  # runs far apart in bytes: linear would squash the cheap ones
                 ax.set_xscale("log")  # before _label_axes: setting the scale resets the tick formatter
-            _label_axes(ax, axis, f"{metric} (mean ± std over nodes)")
+            _label_axes(ax, axis, f"{metric} ({SPREAD[many]})")
             ax.legend(fontsize=7)
-            written.append(_save(fig, out / f"{metric}_vs_{axis}.png"))
-    return written
+            yield f"{metric}_vs_{axis}.png", fig
+
+
+def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
+    return [_save(fig, out / name) for name, fig in overlay_figures(runs)]

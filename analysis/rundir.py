@@ -13,7 +13,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Iterable
 
@@ -158,6 +158,10 @@ class Curves:
     def std(self) -> np.ndarray:
         return _nan_reduce(np.nanstd, self.values)
 
+    def percentile(self, q: float) -> np.ndarray:
+        """The q-th percentile over the nodes that reported, per round."""
+        return _nan_reduce(partial(np.nanpercentile, q=q), self.values)
+
     @property
     def round_end(self) -> np.ndarray:
         """When the last node finished each round."""
@@ -244,13 +248,15 @@ class Run:
             return None
         rounds = sorted({r["round"] for r in self.metrics})
         column = {rnd: c for c, rnd in enumerate(rounds)}
+        # one column per field, filled at once: a numpy store per row costs seconds at 10,000 nodes
+        cells = (np.array([row["node"] for row in self.metrics]),
+                 np.array([column[row["round"]] for row in self.metrics]))
         values = np.full((self.num_nodes, len(rounds)), np.nan)
         times = np.full_like(values, np.nan)
-        sent = np.zeros(len(rounds))
-        for row in self.metrics:
-            i, c = row["node"], column[row["round"]]
-            values[i, c], times[i, c] = _number(row.get(metric)), _number(row.get("t"))
-            sent[c] += np.nan_to_num(_number(row.get("bytes_sent")))
+        values[cells] = [_number(row.get(metric)) for row in self.metrics]
+        times[cells] = [_number(row.get("t")) for row in self.metrics]
+        sent = np.bincount(cells[1], weights=np.nan_to_num([_number(row.get("bytes_sent")) for row in self.metrics]),
+                           minlength=len(rounds))
         return Curves(metric, np.array(rounds), values, times, np.cumsum(sent))
 
     @cached_property

@@ -24,6 +24,9 @@ class NodeRound:
     bytes_received: int = 0
 
 
+_NO_TRAFFIC = NodeRound()
+
+
 @dataclass(slots=True)
 class TraceRow:
     """One message of messages.jsonl; the network fills in t_arrive and fate later."""
@@ -81,7 +84,8 @@ class Ledger:
         return row
 
     def node_round(self, node: int, rnd: int) -> dict[str, int]:
-        return asdict(self.node_rounds.get((node, rnd), NodeRound()))
+        counts = self.node_rounds.get((node, rnd), _NO_TRAFFIC)
+        return {name: getattr(counts, name) for name in NodeRound.__slots__}  # asdict's deep copy is slow
 
     @property
     def bytes_total(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import Callable
 
 
 class Delay:
@@ -19,6 +20,7 @@ class Delay:
 
     def __init__(self, kind: str, **params: float):
         self.kind, self.params = kind, params
+        self.draws = kind != "constant"  # whether a sample takes random numbers
         draw = getattr(self, f"_{kind}")
         # A constant needs no draw: the common case stays cheap.
         self.sample = (lambda rng: params["value"]) if kind == "constant" else (
@@ -55,6 +57,7 @@ class Bernoulli:
 
     def __init__(self, p: float):
         self.p = p
+        self.draws = p > 0
 
     def lost(self, rng: random.Random, state: LossState) -> bool:
         return self.p > 0 and rng.random() < self.p
@@ -69,6 +72,7 @@ class GilbertElliott:
 
     def __init__(self, p: float, r: float, loss_good: float = 0.0, loss_bad: float = 1.0):
         self.p, self.r, self.loss_good, self.loss_bad = p, r, loss_good, loss_bad
+        self.draws = True
 
     def lost(self, rng: random.Random, state: LossState) -> bool:
         bad = state.bad = (rng.random() >= self.r) if state.bad else (rng.random() < self.p)
@@ -92,20 +96,30 @@ class Capacity:
 
 
 class Link:
-    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "rng", "loss_state",
+    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "draws", "_rng", "_make_rng", "loss_state",
                  "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
-    def __init__(self, src: int, dst: int, spec: LinkSpec, rng: random.Random, up: Capacity, down: Capacity,
-                 counters: list[int] | None = None):
+    def __init__(self, src: int, dst: int, spec: LinkSpec, make_rng: Callable[[], random.Random], up: Capacity,
+                 down: Capacity, counters: list[int] | None = None):
         self.src, self.dst = src, dst
         self.counters = counters  # this link's row of the ledger
         self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
-        # One generator per link, so a link's fate does not depend on traffic elsewhere.
-        self.rng = rng
+        self.draws = spec.latency.draws or spec.loss.draws
+        self._rng, self._make_rng = None, make_rng
         self.loss_state = LossState()
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
         self.up, self.down = up, down
+
+    @property
+    def rng(self) -> random.Random:
+        """The link's own generator, so its fate does not depend on traffic elsewhere.
+
+        Made on first use: a link with a constant delay and no loss (draws False) never needs one.
+        """
+        if self._rng is None:
+            self._rng = self._make_rng()
+        return self._rng
 
     def transmit(self, now: float, nbytes: int) -> float | None:
         """Occupy the link for the message; return its arrival time, or None when it is lost."""
@@ -116,9 +130,10 @@ class Link:
         self.free_at = end
         if up.rate != math.inf:
             up.free_at = end
-        if self.loss.lost(self.rng, self.loss_state):
+        rng = self.rng if self.draws else None
+        if self.loss.draws and self.loss.lost(rng, self.loss_state):
             return None
-        arrival = max(end + self.latency.sample(self.rng), self.last_arrival)
+        arrival = max(end + self.latency.sample(rng), self.last_arrival)
         self.last_arrival = arrival
         down = self.down
         if down.rate != math.inf:

@@ -13,11 +13,12 @@ goes offline, is still delivered: its bits had left the sender.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import networkx as nx
 
@@ -51,17 +52,22 @@ class Message:
 
 
 class Mailbox:
-    """Arrived messages of one node, in arrival order, and the coroutine waiting on them."""
-    __slots__ = ("messages", "waiter")
+    """Arrived messages of one node, in arrival order, and the coroutine waiting on them.
+
+    `wakes(message)`, when set, says whether an arrival is worth waking the waiter for:
+    a node gathering from k neighbours wakes once, not k times.
+    """
+    __slots__ = ("messages", "waiter", "wakes")
 
     def __init__(self):
         self.messages: deque[Message] = deque()
         self.waiter = None
+        self.wakes: Callable[[Message], bool] | None = None
 
     def put(self, message: Message) -> None:
         self.messages.append(message)
         waiter = self.waiter
-        if waiter is not None and not waiter.done():
+        if waiter is not None and not waiter.done() and (self.wakes is None or self.wakes(message)):
             waiter.set_result(True)
 
 
@@ -105,9 +111,8 @@ class Network:
         self.faults = faults
         # Whether a message queued at its sender must be checked again when its turn comes.
         self.senders_change = nodes_change or faults is not None
-        # Quantising compressors draw from the sender's own generator.
-        self.wire_rngs = [seeds.numpy("wire", node) for node in range(n)]
         self.links: dict[tuple[int, int], Link] = {}
+        self._wire_rngs: dict[int, object] = {}
         self.set_graph(graph)
         if schedule is not None:
             self.set_schedule(schedule)
@@ -146,8 +151,8 @@ class Network:
         link = self.links.get((src, dst))
         if link is None:
             spec = self.edge_specs.get((src, dst), self.spec)
-            link = Link(src, dst, spec, self.seeds.python("link", src, dst), self.uplinks[src], self.downlinks[dst],
-                        self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
+            link = Link(src, dst, spec, functools.partial(self.seeds.python, "link", src, dst), self.uplinks[src],
+                        self.downlinks[dst], self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
             self.links[src, dst] = link
         return link
 
@@ -161,14 +166,23 @@ class Network:
 
     # -- sending ----------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, rnd: int, body: Any) -> None:
-        frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self.wire_rngs[src])
+        frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src))
         self.transmit(src, dst, kind, rnd, frame)
 
     def broadcast(self, src: int, dsts: list[int], kind: str, rnd: int, body: Any) -> None:
         """Encode once: every receiver shares the immutable frame and decodes its own copy when it takes it."""
-        frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self.wire_rngs[src]))
+        frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src)))
         for dst in dsts:
             self.transmit(src, dst, kind, rnd, frame)
+
+    def _wire_rng(self, src: int):
+        """The sender's own generator for quantising compressors (None for the others: they draw nothing)."""
+        if self.compress not in wire.QUANTISERS:
+            return None
+        rng = self._wire_rngs.get(src)
+        if rng is None:
+            rng = self._wire_rngs[src] = self.seeds.numpy("wire", src)
+        return rng
 
     def transmit(self, src: int, dst: int, kind: str, rnd: int, frame) -> None:
         """Put an already encoded frame on the link src -> dst."""

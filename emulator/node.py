@@ -33,10 +33,7 @@ class Node:
         self._context = context
         self._network, self._clock = context.network, context.clock
         self._mailbox = context.network.mailboxes[context.id]
-        # Each node owns its generators: concurrent jobs never share random state.
-        self.rng = context.seeds.python("node.random", self.id)
-        self.np_rng = context.seeds.numpy("node.numpy", self.id)
-        self._torch_generator = None
+        self._rng = self._np_rng = self._torch_generator = None
 
     def __repr__(self):
         return f"Node({self.id}, round={self._round})"
@@ -50,6 +47,21 @@ class Node:
     def seeds(self) -> Seeds:
         """The run's streams: node.seeds.numpy("purpose", node.id) for a stream of the protocol's own."""
         return self._context.seeds
+
+    # Each node owns its generators, made on first use: concurrent jobs never share random state.
+    @property
+    def rng(self):
+        """The node's random.Random."""
+        if self._rng is None:
+            self._rng = self.seeds.python("node.random", self.id)
+        return self._rng
+
+    @property
+    def np_rng(self):
+        """The node's numpy Generator."""
+        if self._np_rng is None:
+            self._np_rng = self.seeds.numpy("node.numpy", self.id)
+        return self._np_rng
 
     @property
     def torch_generator(self):
@@ -128,15 +140,20 @@ class Node:
 
         Returns what arrived, by sender in ascending order. Messages of `kind`
         from earlier rounds are stale and discarded; other messages stay queued.
+        Messages are decoded on return, all at once: while a node waits, what it
+        has collected stays one shared frame per sender, not a copy per receiver.
+        A corrupt one is dropped then, as if lost.
         """
         rnd = self._round if round is None else round
         wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
         got: dict[int, Message] = {}
         deadline = None if timeout is None else self._clock.now + timeout
+        timed_out = False
         while True:
             self._collect(kind, rnd, wanted, got)
-            if not wanted or not await self._wait(deadline):
-                return dict(sorted(got.items()))
+            if not wanted or timed_out:
+                return {src: got[src] for src in sorted(got) if self._network.open(got[src])}
+            timed_out = not await self._wait(deadline, _Awaited(kind, rnd, wanted))
 
     def _collect(self, kind: str, rnd: int, wanted: set, got: dict) -> None:
         keep = []
@@ -144,26 +161,26 @@ class Node:
             if message.kind != kind or message.round > rnd:
                 keep.append(message)
             elif message.round == rnd and message.src in wanted:
-                if self._network.open(message):  # a corrupt one counts as lost: keep waiting for its sender
-                    got[message.src] = message
-                    wanted.discard(message.src)
+                got[message.src] = message
+                wanted.discard(message.src)
             elif message.round == rnd:
                 keep.append(message)
         if len(keep) != len(self._mailbox.messages):
             self._mailbox.messages = deque(keep)
 
-    async def _wait(self, deadline: float | None) -> bool:
-        """Wait for the next arrival; False once the deadline has passed."""
+    async def _wait(self, deadline: float | None, wakes: Callable[[Message], bool] | None = None) -> bool:
+        """Wait for the next arrival (one `wakes` accepts, if given); False once the deadline has passed."""
         clock = self._clock
         if deadline is not None and clock.now >= deadline:
             return False
         waiter = clock.loop.create_future()
-        self._mailbox.waiter = waiter
+        mailbox = self._mailbox
+        mailbox.waiter, mailbox.wakes = waiter, wakes
         handle = None if deadline is None else clock.call_at(deadline, _expire, waiter)
         try:
             return await waiter
         finally:
-            self._mailbox.waiter = None
+            mailbox.waiter = mailbox.wakes = None
             if handle is not None:
                 handle.cancel()
 
@@ -198,6 +215,19 @@ class Node:
     def record(self, stream: str, **row: Any) -> None:
         """Append a row (tagged with round and node) to `<stream>.jsonl` in the run directory."""
         self._context.recorder.record(stream, {"round": self._round, "node": self.id, **row})
+
+
+class _Awaited:
+    """What a gather still waits for: it wakes its node once the last of them has arrived."""
+    __slots__ = ("kind", "round", "pending")
+
+    def __init__(self, kind: str, rnd: int, wanted: set):
+        self.kind, self.round, self.pending = kind, rnd, set(wanted)
+
+    def __call__(self, message: Message) -> bool:
+        if message.kind == self.kind and message.round == self.round:
+            self.pending.discard(message.src)
+        return not self.pending
 
 
 def _expire(waiter: asyncio.Future) -> None:

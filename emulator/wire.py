@@ -43,6 +43,7 @@ _NUMPY_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in (
     "float16", "float32", "float64", "complex64", "complex128")}
 _BOOL = _NUMPY_DTYPES["bool"]
 _LEVELS = {"q8": 127, "q4": 7}
+QUANTISERS = tuple(_LEVELS)  # the compressions that draw random numbers
 
 
 class _TorchDtypes:

@@ -89,7 +89,7 @@ def test_jitter_never_negative_and_never_reorders(two_nodes):
 
 def _link(loss) -> Link:
     spec = LinkSpec(parse_delay("0ms"), math.inf, loss)
-    return Link(0, 1, spec, random.Random(7), up=Capacity(math.inf), down=Capacity(math.inf))
+    return Link(0, 1, spec, lambda: random.Random(7), up=Capacity(math.inf), down=Capacity(math.inf))
 
 
 def test_bernoulli_loss_within_binomial_bound():

@@ -36,6 +36,7 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
             optimizer.step()
             total += loss.item() * len(idx)
             seen += len(idx)
+    model.zero_grad(set_to_none=True)  # a model's worth of memory per node between rounds
     return total / max(seen, 1), seen
 
 
