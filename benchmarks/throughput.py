@@ -34,6 +34,37 @@ class Blast(Protocol):
                 await node.recv()
 
 
+class Spread(Protocol):
+    """Every node sends `count` small messages round-robin to its neighbours and receives as many.
+
+    On a regular graph with count a multiple of the degree, each node receives exactly count:
+    the message path (clock, links, codec, ledger, mailboxes) spread over many nodes.
+    """
+
+    count = 0
+
+    async def run(self, node):
+        peers = node.neighbours
+        for i in range(self.count):
+            node.send(peers[i % len(peers)], "m", i)
+        for _ in range(self.count):
+            await node.recv()
+
+
+def spread_rate(nodes: int, count: int, degree: int = 4) -> float:
+    """Messages per second of Spread over a random `degree`-regular graph of `nodes` nodes."""
+    Spread.count = count
+    graph = nx.random_regular_graph(degree, nodes, seed=0)
+    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+        emulation = build_emulation(RunConfig(latency="1ms", bandwidth="1Gbps"), graph, Spread(NoOptions(), None),
+                                    executor)
+        start = time.perf_counter()
+        emulation.run()
+        wall = time.perf_counter() - start
+    assert emulation.ledger.totals()["messages_delivered"] == nodes * count
+    return nodes * count / wall
+
+
 def emulator_rate(count: int) -> float:
     Blast.count = count
     config = RunConfig(latency="1ms", bandwidth="1Gbps")

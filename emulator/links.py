@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Callable
 
 
 class Delay:
@@ -96,16 +95,16 @@ class Capacity:
 
 
 class Link:
-    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "draws", "_rng", "_make_rng", "loss_state",
+    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "draws", "_rng", "_seeds", "loss_state",
                  "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
-    def __init__(self, src: int, dst: int, spec: LinkSpec, make_rng: Callable[[], random.Random], up: Capacity,
-                 down: Capacity, counters: list[int] | None = None):
+    def __init__(self, src: int, dst: int, spec: LinkSpec, seeds, up: Capacity, down: Capacity,
+                 counters: list[int] | None = None):
         self.src, self.dst = src, dst
         self.counters = counters  # this link's row of the ledger
         self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
         self.draws = spec.latency.draws or spec.loss.draws
-        self._rng, self._make_rng = None, make_rng
+        self._rng, self._seeds = None, seeds  # the run's Seeds: the link's stream is ("link", src, dst)
         self.loss_state = LossState()
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
@@ -118,7 +117,7 @@ class Link:
         Made on first use: a link with a constant delay and no loss (draws False) never needs one.
         """
         if self._rng is None:
-            self._rng = self._make_rng()
+            self._rng = self._seeds.python("link", self.src, self.dst)
         return self._rng
 
     def transmit(self, now: float, nbytes: int) -> float | None:

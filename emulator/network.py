@@ -13,7 +13,6 @@ goes offline, is still delivered: its bits had left the sender.
 """
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections import deque
@@ -151,8 +150,7 @@ class Network:
         link = self.links.get((src, dst))
         if link is None:
             spec = self.edge_specs.get((src, dst), self.spec)
-            link = Link(src, dst, spec, functools.partial(self.seeds.python, "link", src, dst), self.uplinks[src],
-                        self.downlinks[dst], self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
+            link = Link(src, dst, spec, self.seeds, self.uplinks[src], self.downlinks[dst], self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
             self.links[src, dst] = link
         return link
 

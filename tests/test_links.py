@@ -8,6 +8,7 @@ import pytest
 from app.settings import RunConfig
 from app.settings import parse_delay, parse_loss
 from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec
+from emulator.seeds import Seeds
 from app.run import build_topology
 from emulator.units import UnitError
 from tests.conftest import emulate
@@ -89,7 +90,7 @@ def test_jitter_never_negative_and_never_reorders(two_nodes):
 
 def _link(loss) -> Link:
     spec = LinkSpec(parse_delay("0ms"), math.inf, loss)
-    return Link(0, 1, spec, lambda: random.Random(7), up=Capacity(math.inf), down=Capacity(math.inf))
+    return Link(0, 1, spec, Seeds(7), up=Capacity(math.inf), down=Capacity(math.inf))
 
 
 def test_bernoulli_loss_within_binomial_bound():
