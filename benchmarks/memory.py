@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 
 from rich.console import Console
 from rich.table import Table
+from scale import peak_rss  # this folder is on sys.path when a benchmark runs
 
 PROTOCOLS = ("gossip", "push-sum", "local", "dpsgd", "dfedavgm", "gossip-learning", "fedavg", "l2c",
              "meta-l2c", "mapl", "mapl+")
@@ -36,7 +36,7 @@ def child(argv: list[str]) -> dict:
 
     with tempfile.TemporaryDirectory() as out:
         status = emulate([*argv, "--out", out])
-    return {"status": status, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"status": status, "peak": peak_rss()}
 
 
 def peak(argv: list[str]) -> int:
