@@ -72,7 +72,7 @@ def main() -> None:
         large = peak(flags(protocol, args.large, args.rounds, args.model))
         table.add_row(protocol, f"{small / 2**20:,.0f} MiB", f"{large / 2**20:,.0f} MiB",
                       f"{(large - small) / (args.large - args.small) / 1024:,.0f} KiB")
-    Console().print(table)
+    Console(width=120).print(table)
 
 
 if __name__ == "__main__":
