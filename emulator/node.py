@@ -124,14 +124,13 @@ class Node:
         """The first intact arrived message (of `kind`), decoded; corrupt ones on the way are dropped."""
         messages = self._mailbox.messages
         while True:
-            message = next((m for m in messages if kind is None or m.kind == kind), None)
-            if message is None:
-                return None
             if kind is None:
-                messages.popleft()
+                message = messages.popleft() if messages else None
             else:
-                messages.remove(message)
-            if self._network.open(message):
+                message = next((m for m in messages if m.kind == kind), None)
+                if message is not None:
+                    messages.remove(message)
+            if message is None or self._network.open(message):
                 return message
 
     async def gather(self, kind: str, round: int | None = None, peers: list[int] | None = None,
