@@ -19,8 +19,13 @@ import struct
 import sys
 import threading
 
+from typing import TYPE_CHECKING
+
 import msgpack
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 # torch is imported inside the functions that handle tensors: frames of numbers and
 # numpy arrays (a gossip run, a listing of protocols) never load it.

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
-from workloads.task import Workload, WorkloadError, WorkloadOptions
 from workloads.lazy import LazyModule
+from workloads.task import Workload, WorkloadError, WorkloadOptions
 from workloads.training import accuracy, flat, sgd
 
 torch = LazyModule("torch")

@@ -29,12 +29,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import difference, float_state, inner, loss_gradient
-
 from workloads.lazy import LazyModule
+from workloads.training import difference, float_state, inner, loss_gradient
 
 from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows
 

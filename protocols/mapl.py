@@ -43,9 +43,8 @@ from rich.table import Table
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import float_state, mix
-
 from workloads.lazy import LazyModule
+from workloads.training import float_state, mix
 
 from .common import LearningProtocol, TimeoutOptions, TrainingOptions, check, default, last_rows, own_row
 

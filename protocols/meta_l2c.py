@@ -23,12 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import difference, float_state, mix
-
 from workloads.lazy import LazyModule
+from workloads.training import difference, float_state, mix
 
 from .common import DEGREE, STATE, degree_weights, own_row
 from .l2c import L2C, L2COptions

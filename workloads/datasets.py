@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .lazy import LazyModule
 import numpy as np
+
+from .lazy import LazyModule
 
 torch = LazyModule("torch")
 

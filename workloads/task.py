@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .lazy import LazyModule
-
 from .datasets import NORMALIZATIONS, DatasetError, load_dataset, normalise
+from .lazy import LazyModule
 from .partitions import PartitionError, make_partition
 
 torch = LazyModule("torch")
