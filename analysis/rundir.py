@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -97,7 +98,10 @@ def write_run_dir(out_dir: Path, *, settings: dict, rows: list[dict], links: Ite
         write_jsonl(out_dir / "availability.jsonl", availability)
     for stream, stream_rows in (streams or {}).items():
         write_jsonl(out_dir / f"{stream}.jsonl", stream_rows)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    # Last and atomic: a run directory holds a whole summary.json or none, and none means unfinished.
+    partial = out_dir / "summary.json.partial"
+    partial.write_text(json.dumps(summary, indent=1) + "\n")
+    os.replace(partial, out_dir / "summary.json")
 
 
 # -- reading ----------------------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 import warnings
 from dataclasses import fields
 from typing import Any
@@ -104,11 +106,29 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
     return f"warning: {message}\n"
 
 
+class _Terminated(Exception):
+    """SIGTERM, raised where the run is, so that it ends as Ctrl-C does."""
+
+
+def _terminate(signum, frame):
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     warnings.formatwarning = _one_line_warnings
     if argv and argv[0] in SUBCOMMANDS:
         return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str]) -> int:
     try:
         registry = protocols()
         if "--list-protocols" in argv:
@@ -133,9 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     except DeadlockError as exc:  # a protocol that waits with no timeout: its bug, not bad input
         print(f"emulate: error: {exc}; the run directory is incomplete", file=sys.stderr)
         return 1
+    except OSError as exc:  # writing the run directory: a full disk, a directory removed under the run
+        print(f"emulate: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("emulate: terminated; the run directory is incomplete", file=sys.stderr)
+        return 143
     return 0
 
 

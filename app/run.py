@@ -10,6 +10,7 @@ _ for -); the CLI and the sweeps are layers over it.
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -61,6 +62,21 @@ def out_dir(config: cfg.RunConfig) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     topology = Path(config.topology).stem if "/" in config.topology else config.topology.split(":")[0]
     return Path("runs") / f"{stamp}-{config.protocol}-{topology}"
+
+
+def prepare_out_dir(path: Path, overwrite: bool) -> None:
+    """An empty run directory at `path`: never mixes a new run's files with an earlier one's."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--out {path}: exists and is not a directory")
+        if path.is_dir() and any(path.iterdir()):
+            if not overwrite:
+                raise UsageError(f"--out {path}: holds files of an earlier run; choose another directory "
+                                 "or pass --overwrite to clear it")
+            shutil.rmtree(path)
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
 
 
 def build_topology(config: cfg.RunConfig):
@@ -117,7 +133,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     graph, schedule = build_topology(config)
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
-    out_dir.mkdir(parents=True, exist_ok=True)
+    prepare_out_dir(out_dir, config.overwrite)
     env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
     protocol = protocol_cls(options, env)
     executor = concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")

@@ -61,6 +61,7 @@ class RunConfig:
     device: str = "cpu"
     workers: int = 0
     out: str = ""
+    overwrite: bool = False
     trace: bool = False
     no_plots: bool = False
     quiet: bool = False
@@ -103,7 +104,8 @@ HELP = {
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
     "workers": "executor threads (0: one per CPU core)",
-    "out": "run directory (default: runs/<time>-<protocol>-<topology>)",
+    "out": "run directory (default: runs/<time>-<protocol>-<topology>); it must not hold files yet",
+    "overwrite": "clear an --out directory that holds files (an earlier run) before writing",
     "trace": "write messages.jsonl with one row per message",
     "no_plots": "skip the PNG plots under RUN_DIR/plots",
     "quiet": "no progress bar or summary table",

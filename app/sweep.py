@@ -87,7 +87,7 @@ class Point:
         return "__".join(f"{axis}={slug(label)}" for axis, label in self.labels.items())
 
     def argv(self, run_dir: Path) -> list[str]:
-        return flags(self.settings) + ["--out", str(run_dir), "--quiet"]
+        return flags(self.settings) + ["--out", str(run_dir), "--quiet", "--overwrite"]  # only unfinished runs rerun
 
 
 def slug(text: str) -> str:
@@ -216,7 +216,7 @@ def run_emulation(argv: list[str]) -> int:
 def run_once(out: Path, argv: list[str]) -> dict:
     """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run; its summary."""
     if not is_finished(out):
-        status = run_emulation([*argv, "--out", str(out), "--quiet", "--no-plots"])
+        status = run_emulation([*argv, "--out", str(out), "--quiet", "--no-plots", "--overwrite"])
         if status != 0:
             raise RuntimeError(f"run {out}: emulate exited with status {status}")
     return load_run(out).summary

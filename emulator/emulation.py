@@ -66,6 +66,11 @@ class Emulation:
         gc.disable()
         try:
             self.clock.run(main())
+        except BaseException:
+            for task in self.tasks.values():  # an interrupt raised inside a node's task: the caller reports it
+                if task.done() and not task.cancelled():
+                    task.exception()
+            raise
         finally:
             if enabled:
                 gc.enable()
