@@ -106,8 +106,8 @@ def _one_line_warnings(message, category, filename, lineno, file=None, line=None
     return f"warning: {message}\n"
 
 
-class _Terminated(Exception):
-    """SIGTERM, raised where the run is, so that it ends as Ctrl-C does."""
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so that it ends as Ctrl-C does (no `except Exception` swallows it)."""
 
 
 def _terminate(signum, frame):
@@ -156,12 +156,12 @@ def _main(argv: list[str]) -> int:
     except OSError as exc:  # writing the run directory: a full disk, a directory removed under the run
         print(f"emulate: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
-        return 130
     except _Terminated:
         print("emulate: terminated; the run directory is incomplete", file=sys.stderr)
         return 143
+    except KeyboardInterrupt:
+        print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
+        return 130
     return 0
 
 

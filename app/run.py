@@ -130,6 +130,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
 
 def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> RunResult:
     console = Console(stderr=True, quiet=config.quiet)
+    digest = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
     graph, schedule = build_topology(config)
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
@@ -147,7 +148,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         rows = emulation.run()
         wall = time.perf_counter() - start
     failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
-    summary = _summary(config, scenario, emulation, rows, wall, failures)
+    summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest}
     availability = emulation.availability
     write_run_dir(out_dir, settings={**asdict(config), **asdict(options)}, rows=rows,
                   links=emulation.ledger.link_rows(), summary=summary,

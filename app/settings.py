@@ -8,10 +8,12 @@ a setting.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import tomllib
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,15 @@ def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> Usag
     if owners:
         return UsageError(f"{flag(name)}: not an option of protocol {protocol!r} (it is one of {', '.join(owners)})")
     return UsageError(f"{flag(name)}: not a setting of the emulator or of protocol {protocol!r}")
+
+
+PRESENTATION = ("out", "overwrite", "quiet", "no_plots")  # where and how a run is shown, not what it computes
+
+
+def config_hash(config: RunConfig, options: Any) -> str:
+    """A digest of the resolved settings that decide a run's results: a sweep reruns a run whose digest changed."""
+    settings = {k: v for k, v in {**asdict(config), **asdict(options)}.items() if k not in PRESENTATION}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def resolve(settings: dict[str, Any], registry: dict[str, type]) -> tuple[RunConfig, Any]:

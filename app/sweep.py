@@ -49,6 +49,7 @@ from emulator.protocol import protocols
 from emulator.units import UnitError
 
 from . import cli
+from . import settings as cfg
 
 PROG = "emulate sweep"
 SECTIONS = {"base", "grid", "out", "table"}
@@ -213,9 +214,18 @@ def run_emulation(argv: list[str]) -> int:
     return cli.main(argv)
 
 
-def run_once(out: Path, argv: list[str]) -> dict:
-    """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run; its summary."""
+def is_current(out: Path, argv: list[str]) -> bool:
+    """Whether `out` holds a finished run of exactly the settings `emulate ARGV` resolves to."""
     if not is_finished(out):
+        return False
+    config, options = cli.resolve([*argv, "--out", str(out)], protocols())
+    return load_run(out).summary.get("config_hash") == cfg.config_hash(config, options)
+
+
+def run_once(out: Path, argv: list[str]) -> dict:
+    """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run of these settings;
+    its summary."""
+    if not is_current(out, argv):
         status = run_emulation([*argv, "--out", str(out), "--quiet", "--no-plots", "--overwrite"])
         if status != 0:
             raise RuntimeError(f"run {out}: emulate exited with status {status}")
@@ -223,8 +233,11 @@ def run_once(out: Path, argv: list[str]) -> dict:
 
 
 def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
-    """Run every point whose directory holds no finished run; the names of those that failed."""
-    todo = [p for p in runs if not is_finished(grid.out / p.name)]
+    """Run every point whose directory holds no finished run of its settings; the names of those that failed."""
+    todo = [p for p in runs if not is_current(grid.out / p.name, flags(p.settings))]
+    for point in todo:
+        if is_finished(grid.out / point.name):
+            console.print(f"[yellow]rerun {point.name}: its settings changed since it ran", highlight=False)
     failed = []
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[run]}"), TimeElapsedColumn())
@@ -236,7 +249,7 @@ def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
                 status = run_emulation(point.argv(grid.out / point.name))
             except Exception as exc:  # noqa: BLE001 - one crashed run must not lose the rest of the sweep
                 status = f"{type(exc).__name__}: {exc}"
-            if status == 130:
+            if status in (130, 143):  # Ctrl-C or SIGTERM ended the run: end the sweep too
                 raise KeyboardInterrupt
             if status != 0:
                 failed.append(point.name)
@@ -318,7 +331,7 @@ def main(argv: list[str]) -> int:
     console = stdout_console()
     if args.dry_run:
         for point in runs:
-            state = "done" if is_finished(grid.out / point.name) else "todo"
+            state = "done" if is_current(grid.out / point.name, flags(point.settings)) else "todo"
             print(f"{state}  emulate {shlex.join(point.argv(grid.out / point.name))}")
         return 0
     grid.out.mkdir(parents=True, exist_ok=True)

@@ -152,6 +152,22 @@ GRID = {
 }
 
 
+@pytest.mark.parametrize("change", [{"rounds": 3}, {"latency": "5ms"}])
+def test_a_sweep_reruns_the_runs_whose_settings_changed_and_says_so(tmp_path, monkeypatch, capsys, change):
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(yaml.safe_dump({**GRID, "out": str(tmp_path / "sweep")}))
+    assert main(["sweep", "--grid", str(grid_file)]) == 0
+    calls = []
+    monkeypatch.setattr(sweep, "run_emulation", lambda argv: calls.append(argv) or main(argv))
+    assert main(["sweep", "--grid", str(grid_file)]) == 0 and calls == []  # all current: nothing reruns
+    grid_file.write_text(yaml.safe_dump({**GRID, "base": {**GRID["base"], **change}, "out": str(tmp_path / "sweep")}))
+    capsys.readouterr()
+    assert main(["sweep", "--grid", str(grid_file)]) == 0
+    assert len(calls) == 4 and capsys.readouterr().err.count("its settings changed since it ran") == 4
+    summary = json.loads((tmp_path / "sweep" / "method=Metropolis-Hastings__seed=0" / "summary.json").read_text())
+    assert summary["rounds"] == change.get("rounds", 2)
+
+
 def test_sweep_runs_what_is_not_finished_and_tabulates_over_seeds(tmp_path, monkeypatch):
     grid_file = tmp_path / "grid.yaml"
     grid_file.write_text(yaml.safe_dump({**GRID, "out": str(tmp_path / "sweep")}))
