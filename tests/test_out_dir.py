@@ -47,7 +47,9 @@ def test_a_signal_ends_a_run_with_one_line(tmp_path, sig, status, said):
     run = subprocess.Popen([sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))",
                             "--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "2000",
                             "--rounds", "100000", "--quiet", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
     while not out.exists():  # the run directory is made once the settings are checked
+        assert run.poll() is None and time.monotonic() < deadline, "the run never started"
         time.sleep(0.05)
     time.sleep(1.0)  # into the rounds
     run.send_signal(sig)
