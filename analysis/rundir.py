@@ -122,7 +122,8 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def _read_summary(path: Path) -> dict:
+def read_summary(path: Path) -> dict:
+    """The run directory's summary.json, checked; RunDirError if the run did not finish."""
     file = path / "summary.json"
     if not file.is_file():
         raise RunDirError(f"{path}: no summary.json (not a run directory, or the run did not finish)")
@@ -138,7 +139,7 @@ def _read_summary(path: Path) -> dict:
 def is_finished(path: Path) -> bool:
     """Whether `path` holds a finished run: a valid summary.json."""
     try:
-        _read_summary(Path(path))
+        read_summary(Path(path))
     except (RunDirError, OSError):
         return False
     return True
@@ -205,7 +206,7 @@ class Run:
         if not path.is_dir():
             raise RunDirError(f"{path}: no such run directory")
         self.path = path
-        self.summary = _read_summary(path)
+        self.summary = read_summary(path)
         try:
             config = yaml.safe_load((path / "config.yaml").read_text())
         except FileNotFoundError:

@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from analysis.output import (ArgumentsError, Parser, fail, mean_std, metric_header, rich_table, stdout_console,
                              write_table)
 from analysis.report import write_comparison
-from analysis.rundir import Run, RunDirError, is_finished, load_run
+from analysis.rundir import Run, RunDirError, is_finished, load_run, read_summary
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator.units import UnitError
@@ -216,10 +216,12 @@ def run_emulation(argv: list[str]) -> int:
 
 def is_current(out: Path, argv: list[str]) -> bool:
     """Whether `out` holds a finished run of exactly the settings `emulate ARGV` resolves to."""
-    if not is_finished(out):
+    try:
+        summary = read_summary(Path(out))  # the summary alone: its metrics are not needed to tell
+    except (RunDirError, OSError):
         return False
     config, options = cli.resolve([*argv, "--out", str(out)], protocols())
-    return load_run(out).summary.get("config_hash") == cfg.config_hash(config, options)
+    return summary.get("config_hash") == cfg.config_hash(config, options)
 
 
 def run_once(out: Path, argv: list[str]) -> dict:

@@ -18,7 +18,6 @@ import math
 import struct
 import sys
 import threading
-
 from typing import TYPE_CHECKING
 
 import msgpack
