@@ -47,13 +47,16 @@ def test_a_signal_ends_a_run_with_one_line(tmp_path, sig, status, said):
     run = subprocess.Popen([sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))",
                             "--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "2000",
                             "--rounds", "100000", "--quiet", "--out", str(out)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not out.exists():  # the run directory is made once the settings are checked
-        assert run.poll() is None and time.monotonic() < deadline, "the run never started"
-        time.sleep(0.05)
-    time.sleep(1.0)  # into the rounds
-    run.send_signal(sig)
-    _, err = run.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists():  # the run directory is made once the settings are checked
+            assert run.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # into the rounds
+        run.send_signal(sig)
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()  # a run the signal did not end must not outlive the test
     assert run.returncode == status
     assert err.strip().splitlines() == [f"emulate: {said}; the run directory is incomplete"]
     assert not (out / "summary.json").exists()
