@@ -391,14 +391,15 @@ def availability_figures(run: Run) -> Figures:
 PLOTS = (metric_figures, link_figures, learned_graph_figures, cluster_figures, availability_figures)
 
 
-def plot_run(out_dir: Path) -> list[Path]:
+def plot_run(out_dir: Path, partial: bool = False) -> list[Path]:
     """Write every plot that applies to the run at `out_dir` under out_dir/plots; the paths written.
 
     A plot whose optional input is missing is skipped; a plot that fails is
-    skipped with a warning, so a finished run never fails for its plots.
+    skipped with a warning, so a finished run never fails for its plots. With
+    `partial`, an incomplete run is plotted too, its titles marked incomplete.
     """
     try:
-        run = load_run(out_dir)
+        run = load_run(out_dir, partial)
     except RunDirError as exc:
         warnings.warn(f"no plots: {exc}")
         return []

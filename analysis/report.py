@@ -1,13 +1,16 @@
-"""`emulate report RUN_DIR [RUN_DIR ...] [--out DIR]`: plots and a comparison table of finished runs.
+"""`emulate report RUN_DIR [RUN_DIR ...] [--out DIR] [--partial]`: plots and a comparison table of finished runs.
 
 One run: re-renders its plots under RUN_DIR/plots and prints its row of the table.
 Several: overlays their curves (one labelled line per run) in --out (default
 report/) and writes the comparison table there as comparison.md and comparison.csv.
 A missing or corrupt run directory is reported on stderr in one line and makes
-the exit status 2; the other runs are still reported.
+the exit status 2; the other runs are still reported. So is an incomplete one (no
+summary.json: stopped, killed or failed), unless --partial: then the rounds it
+has are plotted and tabulated, its name marked "incomplete" in every title and row.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .output import (ArgumentsError, Parser, fail, human_bytes, mean_std, metric_header, metric_value, rich_table,
@@ -34,8 +37,12 @@ def comparison(runs: list[Run]) -> tuple[list[list[str]], list[list]]:
                     run.total_bytes, per_node, run.emulated_seconds, run.wall_seconds])
         shown.append([run.name, run.protocol, run.topology, run.scenario or "—", metric_header(metric),
                       mean_std(metric, mean, std), metric_value(metric, worst), human_bytes(run.total_bytes),
-                      human_bytes(per_node), f"{run.emulated_seconds:.3f} s", f"{run.wall_seconds:.2f} s"])
+                      human_bytes(per_node), f"{run.emulated_seconds:.3f} s", _wall(run.wall_seconds)])
     return shown, raw
+
+
+def _wall(value: float) -> str:
+    return f"{value:.2f} s" if math.isfinite(value) else "—"  # an incomplete run's wall time is unknown
 
 
 def write_comparison(runs: list[Run], stem: Path) -> tuple[list[list[str]], list[Path]]:
@@ -47,6 +54,8 @@ def parse(argv: list[str]):
     parser = Parser(prog=PROG, description="Plots and a comparison table of finished runs.")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories")
     parser.add_argument("--out", default="report", help="where several runs' plots and table go (default: report)")
+    parser.add_argument("--partial", action="store_true",
+                        help="also report incomplete runs (no summary.json), from the rounds they have")
     return parser.parse_args(argv)
 
 
@@ -59,12 +68,12 @@ def main(argv: list[str]) -> int:
     runs = []
     for path in args.runs:
         try:
-            runs.append(load_run(path))
+            runs.append(load_run(path, args.partial))
         except RunDirError as exc:
             fail(PROG, str(exc))
     console = stdout_console()
     if len(args.runs) == 1 and runs:
-        written = plot_run(runs[0].path)
+        written = plot_run(runs[0].path, args.partial)
         console.print(rich_table(f"run {runs[0].name}", HEADERS, comparison(runs)[0], right_from=5))
     elif runs:
         out = Path(args.out)

@@ -1,10 +1,12 @@
 """The run directory: its files and columns, written by app.run and read by analysis.
 
-`write_run_dir` writes what a finished run produced; `final_metrics` is the one
-definition of summary.json's "final" entry. `load_run` checks the three files every finished run has (config.yaml,
-summary.json, metrics.jsonl) and raises RunDirError with one line naming the
-problem; the optional files (links.csv, graph.jsonl, availability.jsonl) are
-read on demand and are None when absent.
+A run writes its directory as it goes with `RunDirWriter` (summary.json last:
+without it a run directory is incomplete); `final_metrics` is the one definition
+of summary.json's "final" entry. `load_run` checks the three files every finished
+run has (config.yaml, summary.json, metrics.jsonl) and raises RunDirError with one
+line naming the problem, or, with `partial`, reads an incomplete run's rounds; the
+optional files (links.csv, graph.jsonl, availability.jsonl) are read on demand and
+are None when absent.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import statistics
 from dataclasses import dataclass
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, TextIO
 
 import numpy as np
 import yaml
@@ -40,19 +42,6 @@ class RunDirError(Exception):
 
 
 # -- writing ----------------------------------------------------------------------
-
-def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    with open(path, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-
-
-def write_csv(path: Path, columns: tuple[str, ...], rows: Iterable[dict]) -> None:
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        writer.writerows(_cells(row, columns) for row in rows)  # 400,000 links: DictWriter's checks take seconds
-
 
 def _cells(row: dict, columns: tuple[str, ...]) -> list:
     """The row's values in column order; a row with other columns fails loudly."""
@@ -85,31 +74,97 @@ def final_metrics(rows: list[dict]) -> dict[str, float]:
     return final
 
 
+class RunDirWriter:
+    """A run directory written while the run goes: config.yaml first, then JSONL appended
+    a batch of whole lines at a time, snapshots replaced whole, and summary.json last.
+
+    Each file is always whole: a JSONL file is a prefix of the finished one's lines
+    (metrics.jsonl rows carry the traffic counts of when they were written; the finished
+    file has the final ones), and links.csv and availability.jsonl are replaced by rename.
+    """
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = Path(out_dir)
+        self._appending: dict[str, TextIO] = {}
+
+    def config(self, settings: dict) -> None:
+        self.replace("config.yaml", lambda fh: fh.write(yaml.safe_dump(settings, sort_keys=False)))
+
+    def append(self, name: str, rows: Iterable[dict]) -> None:
+        """Append rows to `name`, flushed to the OS in one go: a stop loses no line it returned from."""
+        text = "".join([json.dumps(row) + "\n" for row in rows])
+        if not text:
+            return
+        fh = self._appending.get(name)
+        if fh is None:
+            fh = self._appending[name] = open(self.out_dir / name, "a")
+        fh.write(text)
+        fh.flush()
+
+    def replace(self, name: str, write: Callable[[TextIO], Any]) -> None:
+        """Write `name` whole under a temporary name, then rename it into place."""
+        self.close(name)
+        partial = self.out_dir / f"{name}.partial"
+        with open(partial, "w", newline="") as fh:
+            write(fh)
+        os.replace(partial, self.out_dir / name)
+
+    def close(self, name: str | None = None) -> None:
+        for key in [name] if name is not None else list(self._appending):
+            fh = self._appending.pop(key, None)
+            if fh is not None:
+                fh.close()
+
+    def __enter__(self) -> "RunDirWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def finish(self, summary: dict) -> None:
+        """summary.json, last and atomic: a run directory holds a whole one or none, and none means unfinished."""
+        self.close()
+        self.replace("summary.json", lambda fh: fh.write(json.dumps(summary, indent=1) + "\n"))
+
+
+def jsonl_writer(rows: Iterable[dict]) -> Callable[[TextIO], None]:
+    return lambda fh: fh.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def csv_writer(columns: tuple[str, ...], rows: Iterable[dict]) -> Callable[[TextIO], None]:
+    def write(fh: TextIO) -> None:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        writer.writerows(_cells(row, columns) for row in rows)  # 400,000 links: DictWriter's checks take seconds
+    return write
+
+
 def write_run_dir(out_dir: Path, *, settings: dict, rows: list[dict], links: Iterable[dict], summary: dict,
                   trace: Iterable[dict] | None = None, availability: list[dict] | None = None,
                   streams: dict[str, list[dict]] | None = None) -> None:
-    """config.yaml, metrics.jsonl, links.csv, the optional files, and summary.json last (a finished run has it)."""
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-    write_jsonl(out_dir / "metrics.jsonl", rows)
-    write_csv(out_dir / "links.csv", LINK_COLUMNS, links)
-    if trace is not None:
-        write_jsonl(out_dir / "messages.jsonl", trace)
-    if availability is not None:
-        write_jsonl(out_dir / "availability.jsonl", availability)
-    for stream, stream_rows in (streams or {}).items():
-        write_jsonl(out_dir / f"{stream}.jsonl", stream_rows)
-    # Last and atomic: a run directory holds a whole summary.json or none, and none means unfinished.
-    partial = out_dir / "summary.json.partial"
-    partial.write_text(json.dumps(summary, indent=1) + "\n")
-    os.replace(partial, out_dir / "summary.json")
+    """A finished run's directory in one go (a run streams its own with RunDirWriter)."""
+    writer = RunDirWriter(out_dir)
+    writer.config(settings)
+    writer.replace("metrics.jsonl", jsonl_writer(rows))
+    writer.replace("links.csv", csv_writer(LINK_COLUMNS, links))
+    for name, file_rows in {"messages": trace, "availability": availability, **(streams or {})}.items():
+        if file_rows is not None:
+            writer.replace(f"{name}.jsonl", jsonl_writer(file_rows))
+    writer.finish(summary)
 
 
 # -- reading ----------------------------------------------------------------------
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path, torn_tail: bool = False) -> list[dict]:
+    """The rows of a JSONL file; with `torn_tail`, a last line without its newline (a run
+    killed mid-write) is left out instead of failing."""
+    text = path.read_text()
+    lines = text.split("\n")
+    if torn_tail or not lines[-1].strip():
+        lines.pop()  # the empty string after the last newline, or the torn line
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -126,7 +181,10 @@ def read_summary(path: Path) -> dict:
     """The run directory's summary.json, checked; RunDirError if the run did not finish."""
     file = path / "summary.json"
     if not file.is_file():
-        raise RunDirError(f"{path}: no summary.json (not a run directory, or the run did not finish)")
+        if (path / "config.yaml").is_file():
+            raise RunDirError(f"{path}: incomplete run (no summary.json: it was stopped or failed); "
+                              "`emulate report --partial` plots the rounds it has")
+        raise RunDirError(f"{path}: no summary.json (not a run directory)")
     try:
         summary = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -134,6 +192,15 @@ def read_summary(path: Path) -> dict:
     if not isinstance(summary, dict) or not isinstance(summary.get("final"), dict):
         raise RunDirError(f"{file}: not a run summary (no 'final' metrics)")
     return summary
+
+
+def partial_summary(config: dict, rows: list[dict]) -> dict:
+    """What an incomplete run's rows say in summary.json's terms; marked incomplete, wall time unknown."""
+    times = [v for v in (_number(row.get("t")) for row in rows) if math.isfinite(v)]
+    return {"incomplete": True, "protocol": config.get("protocol"), "topology": config.get("topology"),
+            "nodes": config.get("nodes"), "rounds_completed": 1 + max((row["round"] for row in rows), default=-1),
+            "final": final_metrics(rows), "bytes_total": sum(_number(row.get("bytes_sent")) for row in rows),
+            "emulated_seconds": max(times, default=math.nan), "wall_seconds": math.nan}
 
 
 def is_finished(path: Path) -> bool:
@@ -199,14 +266,17 @@ def _nan_reduce(reduce, matrix: np.ndarray) -> np.ndarray:
 
 
 class Run:
-    """A finished run directory."""
+    """A finished run directory; with `partial`, also an incomplete one (no summary.json),
+    whose summary is derived from the rounds on disk and says "incomplete"."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, partial: bool = False):
         path = Path(path)
         if not path.is_dir():
             raise RunDirError(f"{path}: no such run directory")
         self.path = path
-        self.summary = read_summary(path)
+        self.incomplete = partial and not (path / "summary.json").exists() and (path / "config.yaml").is_file()
+        if not self.incomplete:
+            self.summary = read_summary(path)
         try:
             config = yaml.safe_load((path / "config.yaml").read_text())
         except FileNotFoundError:
@@ -216,15 +286,19 @@ class Run:
         if not isinstance(config, dict):
             raise RunDirError(f"{path / 'config.yaml'}: not a mapping of settings")
         self.config = config
-        if not (path / "metrics.jsonl").is_file():
+        if not (path / "metrics.jsonl").is_file() and not self.incomplete:
             raise RunDirError(f"{path}: no metrics.jsonl")
-        self.metrics = read_jsonl(path / "metrics.jsonl")
+        self.metrics = read_jsonl(path / "metrics.jsonl", self.incomplete) if (path / "metrics.jsonl").is_file() else []
         if any(not isinstance(r.get("round"), int) or not isinstance(r.get("node"), int) for r in self.metrics):
             raise RunDirError(f"{path / 'metrics.jsonl'}: a row lacks an integer round or node")
+        if self.incomplete:
+            self.summary = partial_summary(config, self.metrics)
 
     @property
     def name(self) -> str:
-        return self.path.resolve().name
+        """The directory's name, marked when the run is incomplete (every table and plot title shows it)."""
+        name = self.path.resolve().name
+        return f"{name} (incomplete, {self.summary['rounds_completed']} rounds)" if self.incomplete else name
 
     @property
     def protocol(self) -> str:
@@ -286,7 +360,7 @@ class Run:
     def stream(self, name: str) -> list[dict] | None:
         """Rows of `<name>.jsonl`, or None when the run has none."""
         file = self.path / f"{name}.jsonl"
-        return read_jsonl(file) if file.is_file() else None
+        return read_jsonl(file, self.incomplete) if file.is_file() else None
 
     @cached_property
     def partition(self) -> dict | None:
@@ -320,10 +394,10 @@ class Run:
         return _number(self.summary.get("wall_seconds"))
 
 
-def load_run(path: Path | str) -> Run:
-    """The run at `path`; RunDirError (one line) when it is missing, unfinished or corrupt."""
+def load_run(path: Path | str, partial: bool = False) -> Run:
+    """The run at `path`; RunDirError (one line) when it is missing, corrupt, or unfinished (unless `partial`)."""
     try:
-        return Run(Path(path))
+        return Run(Path(path), partial)
     except OSError as exc:
         raise RunDirError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

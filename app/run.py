@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 import topologies
-from analysis.rundir import final_metrics, write_run_dir
+from analysis.rundir import RunDirWriter, final_metrics
 from emulator import dynamics, wire
 from emulator.clock import RealClock, VirtualClock
 from emulator.compute import Compute
@@ -37,6 +37,7 @@ from emulator.seeds import Seeds
 
 from . import scenario as scenarios
 from . import settings as cfg
+from .stream import RunStream
 
 
 @dataclass
@@ -135,26 +136,29 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
     prepare_out_dir(out_dir, config.overwrite)
+    writer = RunDirWriter(out_dir)
+    writer.config({**asdict(config), **asdict(options)})
     env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
     protocol = protocol_cls(options, env)
     executor = concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")
-    with executor, _progress(console, config) as (progress, task):
+    with executor, writer, _progress(console, config) as (progress, task):
         def on_round(rnd: int, now: float) -> None:
+            stream.round_closed(rnd)
             progress.update(task, completed=rnd + 1,
                             info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
         emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
+        stream = RunStream(writer, emulation)
         start = time.perf_counter()
-        rows = emulation.run()
+        try:
+            rows = emulation.run()
+        except BaseException:  # a signal or a failure: the closed rounds are on disk; bring the snapshots up to now
+            stream.snapshot()
+            raise
         wall = time.perf_counter() - start
-    failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
-    summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest}
-    availability = emulation.availability
-    write_run_dir(out_dir, settings={**asdict(config), **asdict(options)}, rows=rows,
-                  links=emulation.ledger.link_rows(), summary=summary,
-                  trace=emulation.ledger.trace_rows() if emulation.ledger.trace is not None else None,
-                  availability=availability.rows() if availability is not None else None,
-                  streams=emulation.recorder.streams)
+        failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
+        summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest}
+        stream.finish(rows, summary)
     if not config.no_plots:
         from analysis.plots import plot_run
 

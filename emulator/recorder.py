@@ -70,6 +70,11 @@ class Recorder:
             for node, metrics in self.observe(rnd, snapshots).items():
                 self._row(node, rnd).update(metrics)
 
+    def round_rows(self, rnd: int) -> list[dict]:
+        """A closed round's rows in node order, with each node's ledger totals for the round so far."""
+        rows = (self.rows.get((rnd, node)) for node in range(self.num_nodes))
+        return [{**row, **self.ledger.node_round(row["node"], rnd)} for row in rows if row is not None]
+
     def finish(self, now: float) -> list[dict]:
         """Rows in (round, node) order, with each node's ledger totals for the round.
 

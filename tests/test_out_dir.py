@@ -1,4 +1,7 @@
-"""A run never mixes its files with an earlier run's, and ends on a signal with one line."""
+"""A run never mixes its files with an earlier run's, keeps its closed rounds on disk
+whenever it stops, and ends on a signal with one line."""
+import json
+import random
 import signal
 import subprocess
 import sys
@@ -6,6 +9,7 @@ import time
 
 import pytest
 
+from analysis.rundir import load_run
 from app.cli import main
 from tests.conftest import assert_one_line_error
 
@@ -41,18 +45,25 @@ def test_out_paths_that_cannot_be_a_directory_are_one_line_errors(tmp_path, caps
     assert_one_line_error(capsys, named)
 
 
+def _start(flags: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))",
+                             *map(str, flags)], stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path, run: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert run.poll() is None and time.monotonic() < deadline, f"the run never wrote {path.name}"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("sig,status,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
-def test_a_signal_ends_a_run_with_one_line(tmp_path, sig, status, said):
+def test_a_signal_ends_a_run_with_one_line_and_keeps_its_rounds(tmp_path, capsys, sig, status, said):
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))",
-                            "--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "2000",
-                            "--rounds", "100000", "--quiet", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    run = _start(["--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "2000", "--rounds", "100000",
+                  "--quiet", "--out", out])
     try:
-        deadline = time.monotonic() + 60
-        while not out.exists():  # the run directory is made once the settings are checked
-            assert run.poll() is None and time.monotonic() < deadline, "the run never started"
-            time.sleep(0.05)
-        time.sleep(1.0)  # into the rounds
+        _wait_for(out / "metrics.jsonl", run)  # a round has closed
         run.send_signal(sig)
         _, err = run.communicate(timeout=60)
     finally:
@@ -60,3 +71,49 @@ def test_a_signal_ends_a_run_with_one_line(tmp_path, sig, status, said):
     assert run.returncode == status
     assert err.strip().splitlines() == [f"emulate: {said}; the run directory is incomplete"]
     assert not (out / "summary.json").exists()
+    kept = load_run(out, partial=True)
+    assert kept.summary["rounds_completed"] >= 1 and len(kept.metrics) == 2000 * kept.summary["rounds_completed"]
+    assert sum(row["msgs_sent"] for row in kept.links) >= sum(row["msgs_sent"] for row in kept.metrics)
+    assert main(["report", str(out), "--partial"]) == 0
+    assert f"run (incomplete, {kept.summary['rounds_completed']} rounds)" in capsys.readouterr().out
+    assert (out / "plots" / "error_vs_round.png").is_file()
+
+
+KILLED = ["--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "60", "--rounds", "100", "--trace",
+          "--churn", "up=5,down=1", "--loss", "0.1", "--quiet", "--no-plots"]
+LATE = ("msgs_received", "bytes_received")  # a round's messages may still arrive after it closed
+
+
+def _without_late(line: str) -> dict:
+    return {k: v for k, v in json.loads(line).items() if k not in LATE}
+
+
+def test_a_run_killed_at_any_moment_keeps_whole_lines_of_its_closed_rounds(tmp_path, capsys):
+    assert main([*KILLED, "--out", str(tmp_path / "whole")]) == 0
+    whole = {name: (tmp_path / "whole" / name).read_text().splitlines() for name in ("metrics.jsonl", "messages.jsonl")}
+    outcomes = []
+    rng = random.Random(18)
+    for k, moment in enumerate(rng.uniform(0, 1.3) for _ in range(20)):
+        out = tmp_path / f"killed{k}"
+        run = _start([*KILLED, "--out", out])
+        try:
+            _wait_for(out / "config.yaml", run)
+            time.sleep(moment)
+        finally:
+            run.kill()
+            run.wait()
+        files = {path.name: path.read_text() for path in out.glob("*.jsonl")}
+        for name, text in files.items():
+            assert text == "" or text.endswith("\n"), f"{name}: a torn last line after a kill at {moment:.2f} s"
+            assert all(isinstance(json.loads(line), dict) for line in text.splitlines()), name
+        metrics = files.get("metrics.jsonl", "").splitlines()
+        assert [_without_late(line) for line in metrics] == [_without_late(line) for line in whole["metrics.jsonl"][:len(metrics)]]
+        traced = files.get("messages.jsonl", "").splitlines()
+        assert traced == whole["messages.jsonl"][:len(traced)]
+        finished = (out / "summary.json").exists()
+        outcomes.append(finished)
+        if not finished:
+            capsys.readouterr()
+            assert main(["report", str(out)]) == 2
+            assert_one_line_error(capsys, "incomplete run")
+    assert False in outcomes, "every kill came after the run finished: the moments test nothing"

@@ -1,0 +1,70 @@
+"""A run directory kept current while the run goes: what each closed round settled is on disk.
+
+At every round close: that round's metric rows, the protocol's new stream rows
+(graph.jsonl, ...) and the trace rows whose fate is known are appended;
+links.csv and availability.jsonl are replaced whole, at most every
+SNAPSHOT_SECONDS of wall time and at most 1/SNAPSHOT_SHARE of it (400,000 links
+take a second to write). When the run ends, metrics.jsonl and
+messages.jsonl are replaced by their final versions (a message tagged with a
+round can still arrive, or turn out corrupt, after that round closed), and
+summary.json comes last.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer, jsonl_writer
+from emulator.emulation import Emulation
+
+SNAPSHOT_SECONDS = 2.0
+SNAPSHOT_SHARE = 50
+
+
+class RunStream:
+    def __init__(self, writer: RunDirWriter, emulation: Emulation):
+        self.writer, self.emulation = writer, emulation
+        self._streamed: dict[str, int] = {}  # node.record stream -> rows on disk
+        self._traced = 0  # trace rows on disk
+        self._next_snapshot = time.perf_counter() + SNAPSHOT_SECONDS
+
+    def round_closed(self, rnd: int) -> None:
+        self.writer.append("metrics.jsonl", self.emulation.recorder.round_rows(rnd))
+        self._append_streams()
+        self._append_trace()
+        if time.perf_counter() >= self._next_snapshot:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        """links.csv and availability.jsonl as they stand now, each replaced whole."""
+        emulation, start = self.emulation, time.perf_counter()
+        self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_rows()))
+        if emulation.availability is not None:
+            self.writer.replace("availability.jsonl", jsonl_writer(emulation.availability.rows()))
+        end = time.perf_counter()
+        self._next_snapshot = end + max(SNAPSHOT_SECONDS, SNAPSHOT_SHARE * (end - start))
+
+    def finish(self, rows: list[dict], summary: dict) -> None:
+        self.writer.replace("metrics.jsonl", jsonl_writer(rows))
+        self._append_streams()
+        if self.emulation.ledger.trace is not None:
+            self.writer.replace("messages.jsonl", jsonl_writer(self.emulation.ledger.trace_rows()))
+        self.snapshot()
+        self.writer.finish(summary)
+
+    def _append_streams(self) -> None:
+        for name, rows in self.emulation.recorder.streams.items():
+            done = self._streamed.get(name, 0)
+            self.writer.append(f"{name}.jsonl", rows[done:])
+            self._streamed[name] = len(rows)
+
+    def _append_trace(self) -> None:
+        """Trace rows in send order, up to the first message still in flight."""
+        trace = self.emulation.ledger.trace
+        if trace is None:
+            return
+        end = self._traced
+        while end < len(trace) and trace[end].fate is not None:
+            end += 1
+        self.writer.append("messages.jsonl", (asdict(row) for row in trace[self._traced:end]))
+        self._traced = end
