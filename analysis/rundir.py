@@ -74,6 +74,28 @@ def final_metrics(rows: list[dict]) -> dict[str, float]:
     return final
 
 
+def strict_json(obj: Any, nulled: dict[str, int]) -> str:
+    """obj as JSON; NaN and infinities (which JSON does not have) become null, counted in
+    `nulled` by the top-level key they were under."""
+    try:
+        return json.dumps(obj, allow_nan=False)
+    except ValueError:
+        if isinstance(obj, dict):
+            return json.dumps({key: _finite(value, str(key), nulled) for key, value in obj.items()})
+        return json.dumps(_finite(obj, "", nulled))
+
+
+def _finite(obj: Any, key: str, nulled: dict[str, int]) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        nulled[key] = nulled.get(key, 0) + 1
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v, key, nulled) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v, key, nulled) for v in obj]
+    return obj
+
+
 class RunDirWriter:
     """A run directory written while the run goes: config.yaml first, then JSONL appended
     a batch of whole lines at a time, snapshots replaced whole, and summary.json last.
@@ -85,21 +107,31 @@ class RunDirWriter:
 
     def __init__(self, out_dir: Path):
         self.out_dir = Path(out_dir)
-        self._appending: dict[str, TextIO] = {}
+        self._appending: dict[str, int] = {}  # file -> descriptor open for appending
+        self.nulled: dict[str, dict[str, int]] = {}  # file -> key -> NaN or inf values written as null
+
+    def json(self, name: str, obj: Any) -> str:
+        """A line of `name`: strict JSON, its non-finite values null and counted for summary.json."""
+        return strict_json(obj, self.nulled.setdefault(name, {}))
 
     def config(self, settings: dict) -> None:
         self.replace("config.yaml", lambda fh: fh.write(yaml.safe_dump(settings, sort_keys=False)))
 
     def append(self, name: str, rows: Iterable[dict]) -> None:
-        """Append rows to `name`, flushed to the OS in one go: a stop loses no line it returned from."""
-        text = "".join([json.dumps(row) + "\n" for row in rows])
-        if not text:
+        """Append rows to `name` with one write() call: no Python-level gap where a kill leaves half a batch.
+
+        (The kernel copies a large batch page by page, so a SIGKILL inside that call could
+        still cut its last line; readers of an incomplete run skip a last line without newline.)
+        """
+        data = "".join([self.json(name, row) + "\n" for row in rows]).encode()
+        if not data:
             return
-        fh = self._appending.get(name)
-        if fh is None:
-            fh = self._appending[name] = open(self.out_dir / name, "a")
-        fh.write(text)
-        fh.flush()
+        fd = self._appending.get(name)
+        if fd is None:
+            fd = self._appending[name] = os.open(self.out_dir / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        with memoryview(data) as view:
+            while view:
+                view = view[os.write(fd, view):]
 
     def replace(self, name: str, write: Callable[[TextIO], Any]) -> None:
         """Write `name` whole under a temporary name, then rename it into place."""
@@ -111,9 +143,9 @@ class RunDirWriter:
 
     def close(self, name: str | None = None) -> None:
         for key in [name] if name is not None else list(self._appending):
-            fh = self._appending.pop(key, None)
-            if fh is not None:
-                fh.close()
+            fd = self._appending.pop(key, None)
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> "RunDirWriter":
         return self
@@ -121,14 +153,24 @@ class RunDirWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def jsonl(self, name: str, rows: Iterable[dict]) -> None:
+        """Replace `name` whole with rows."""
+        self.nulled.pop(name, None)  # the new file's own count
+        self.replace(name, lambda fh: fh.writelines(self.json(name, row) + "\n" for row in rows))
+
     def finish(self, summary: dict) -> None:
-        """summary.json, last and atomic: a run directory holds a whole one or none, and none means unfinished."""
+        """summary.json, last and atomic: a run directory holds a whole one or none, and none means unfinished.
+
+        Where NaN or infinite values were written as null, `non_finite_as_null` says in which
+        file, under which key and how many (JSON has no NaN; a reader sees a missing value).
+        """
         self.close()
-        self.replace("summary.json", lambda fh: fh.write(json.dumps(summary, indent=1) + "\n"))
-
-
-def jsonl_writer(rows: Iterable[dict]) -> Callable[[TextIO], None]:
-    return lambda fh: fh.writelines(json.dumps(row) + "\n" for row in rows)
+        text = self.json("summary.json", summary)  # counts the summary's own first
+        nulled = {name: counts for name, counts in self.nulled.items() if counts}
+        if nulled:
+            text = strict_json({**summary, "non_finite_as_null": nulled}, {})
+        pretty = json.dumps(json.loads(text), indent=1)
+        self.replace("summary.json", lambda fh: fh.write(pretty + "\n"))
 
 
 def csv_writer(columns: tuple[str, ...], rows: Iterable[dict]) -> Callable[[TextIO], None]:
@@ -145,11 +187,11 @@ def write_run_dir(out_dir: Path, *, settings: dict, rows: list[dict], links: Ite
     """A finished run's directory in one go (a run streams its own with RunDirWriter)."""
     writer = RunDirWriter(out_dir)
     writer.config(settings)
-    writer.replace("metrics.jsonl", jsonl_writer(rows))
+    writer.jsonl("metrics.jsonl", rows)
     writer.replace("links.csv", csv_writer(LINK_COLUMNS, links))
     for name, file_rows in {"messages": trace, "availability": availability, **(streams or {})}.items():
         if file_rows is not None:
-            writer.replace(f"{name}.jsonl", jsonl_writer(file_rows))
+            writer.jsonl(f"{name}.jsonl", file_rows)
     writer.finish(summary)
 
 

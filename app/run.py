@@ -122,7 +122,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                       compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
                       schedule=scenario.schedule,
                       faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
-                      nodes_change=scenario.nodes_change)
+                      nodes_change=scenario.nodes_change, checksum=not config.no_checksum)
     availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                     if scenario.nodes_change else None)
     compute = Compute(cfg.compute_model(config, n, seeds), clock, availability)

@@ -24,7 +24,7 @@ import yaml
 from emulator import units
 from emulator.compute import ComputeModel
 from emulator.errors import UsageError
-from emulator.links import Bernoulli, Delay, GilbertElliott, LinkSpec
+from emulator.links import Bernoulli, Corruption, Delay, GilbertElliott, LinkSpec
 from emulator.seeds import Seeds
 
 from .scenario import check as check_dynamics
@@ -46,6 +46,8 @@ class RunConfig:
     latency: str = "10ms"
     bandwidth: str = "100Mbps"
     loss: str = "0"
+    corrupt: str = "0"
+    no_checksum: bool = False
     uplink: str = "inf"
     downlink: str = "inf"
     compress: str = "none"
@@ -80,6 +82,10 @@ HELP = {
     "latency": "link latency: 20ms, uniform:low=10ms,high=30ms, normal:mean=20ms,std=5ms, lognormal:median=20ms,sigma=0.5",
     "bandwidth": "link bandwidth, SI units: 10Mbps = 10^7 bit/s; inf for unlimited",
     "loss": "loss per message: a probability (Bernoulli) or ge:p=..,r=..[,loss_good=..,loss_bad=..] (Gilbert-Elliott)",
+    "corrupt": "bit flips in arriving frames: a probability per message (one bit flips), or ber:1e-7 (each "
+               "bit flips with that probability); with checksums the frame is dropped (cause corrupt)",
+    "no_checksum": "send frames without their CRC32C: corrupted frames reach the protocol (silent corruption), "
+                   "which drops what it cannot use (cause invalid)",
     "uplink": "per-node uplink capacity shared by all its links: a rate, inf (none), "
               "uniform:low=1Mbps,high=10Mbps or lognormal:median=10Mbps,sigma=0.5 (drawn per node); "
               "a GraphML topology's node attribute uplink overrides it",
@@ -235,7 +241,8 @@ def validate(config: RunConfig) -> None:
     _choice(config.compress, COMPRESSIONS, "compress")
     if config.workers < 0:
         raise ConfigError(f"--workers {config.workers}: must not be negative")
-    for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("bandwidth", units.rate),
+    for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
+                        ("bandwidth", units.rate),
                          ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
                          ("downlink", lambda text: node_rates(text, 1, np.random.default_rng())),
                          ("max_message_size", units.size), ("compute_cost", units.duration),
@@ -277,20 +284,33 @@ def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
     return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
 
 
+def parse_corrupt(text: str | float) -> Corruption:
+    """'0.01' (one bit flipped in that fraction of messages) or 'ber:1e-7' (each bit with that probability)."""
+    if isinstance(text, str) and text.strip().startswith("ber:"):
+        return Corruption(ber=units.probability(text.strip()[4:]))
+    return Corruption(p=units.probability(text))
+
+
 def link_spec(config: RunConfig) -> LinkSpec:
-    return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss))
+    return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss),
+                    parse_corrupt(config.corrupt))
+
+
+EDGE_ATTRIBUTES = ("latency", "bandwidth", "loss", "corrupt")
 
 
 def edge_specs(graph: nx.Graph, default: LinkSpec) -> dict[tuple[int, int], LinkSpec]:
-    """Links with their own latency, bandwidth or loss (a topology file's edge attributes), both ways if undirected."""
+    """Links with their own latency, bandwidth, loss or corruption (a topology file's edge attributes),
+    both ways if undirected."""
     specs = {}
     for src, dst, attrs in graph.edges(data=True):
-        if not {"latency", "bandwidth", "loss"} & set(attrs):
+        if not set(EDGE_ATTRIBUTES) & set(attrs):
             continue
         try:
             spec = LinkSpec(parse_delay(attrs["latency"]) if "latency" in attrs else default.latency,
                             units.rate(attrs["bandwidth"]) if "bandwidth" in attrs else default.bandwidth,
-                            parse_loss(attrs["loss"]) if "loss" in attrs else default.loss)
+                            parse_loss(attrs["loss"]) if "loss" in attrs else default.loss,
+                            parse_corrupt(attrs["corrupt"]) if "corrupt" in attrs else default.corrupt)
         except units.UnitError as exc:
             raise ConfigError(f"topology edge {src}-{dst}: {exc}") from None
         specs[src, dst] = spec

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer, jsonl_writer
+from analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 from emulator.emulation import Emulation
 
 SNAPSHOT_SECONDS = 2.0
@@ -40,15 +40,15 @@ class RunStream:
         emulation, start = self.emulation, time.perf_counter()
         self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_rows()))
         if emulation.availability is not None:
-            self.writer.replace("availability.jsonl", jsonl_writer(emulation.availability.rows()))
+            self.writer.jsonl("availability.jsonl", emulation.availability.rows())
         end = time.perf_counter()
         self._next_snapshot = end + max(SNAPSHOT_SECONDS, SNAPSHOT_SHARE * (end - start))
 
     def finish(self, rows: list[dict], summary: dict) -> None:
-        self.writer.replace("metrics.jsonl", jsonl_writer(rows))
+        self.writer.jsonl("metrics.jsonl", rows)
         self._append_streams()
         if self.emulation.ledger.trace is not None:
-            self.writer.replace("messages.jsonl", jsonl_writer(self.emulation.ledger.trace_rows()))
+            self.writer.jsonl("messages.jsonl", self.emulation.ledger.trace_rows())
         self.snapshot()
         self.writer.finish(summary)
 

@@ -1,11 +1,12 @@
-"""Directed links: latency, bandwidth, loss, and the per-node capacity they share.
+"""Directed links: latency, bandwidth, loss, corruption, and the per-node capacity they share.
 
 A link sends FIFO, one message at a time (message-level store and forward):
 transmission takes 8*bytes/rate, where rate is the link bandwidth capped by the
 sender's uplink, and the sender's uplink is itself one FIFO shared by all its
 links. Arrival is the end of transmission plus a latency sample, never
 overtaking the previous message on the link. A receiver with a downlink
-capacity takes delivery no faster than that capacity allows.
+capacity takes delivery no faster than that capacity allows. Corruption flips
+bits of a frame that arrives.
 """
 from __future__ import annotations
 
@@ -78,12 +79,36 @@ class GilbertElliott:
         return rng.random() < (self.loss_bad if bad else self.loss_good)
 
 
+class Corruption:
+    """Bit flips in an arriving frame: one bit with probability `p` per message, or
+    each bit independently with probability `ber` (a bit error rate)."""
+
+    def __init__(self, p: float = 0.0, ber: float = 0.0):
+        self.p, self.ber = p, ber
+        self.draws = p > 0 or ber > 0
+
+    def bits(self, rng, nbytes: int) -> list[int]:
+        """Which bits of an nbytes frame flip (none, usually)."""
+        nbits = 8 * nbytes
+        if self.ber > 0:
+            count = int(rng.binomial(nbits, self.ber))
+            return [int(bit) for bit in rng.choice(nbits, count, replace=False)] if count else []
+        return [int(rng.integers(nbits))] if nbits and rng.random() < self.p else []
+
+    def __repr__(self):
+        return f"Corruption(p={self.p}, ber={self.ber})"
+
+
+NO_CORRUPTION = Corruption()
+
+
 @dataclass
 class LinkSpec:
     """What a link is configured with, before it carries anything."""
     latency: Delay
     bandwidth: float
     loss: Bernoulli | GilbertElliott
+    corrupt: Corruption = NO_CORRUPTION
 
 
 class Capacity:
@@ -95,16 +120,17 @@ class Capacity:
 
 
 class Link:
-    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "draws", "_rng", "_seeds", "loss_state",
-                 "free_at", "last_start", "last_arrival", "up", "down", "counters")
+    __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "corrupt", "draws", "_rng", "_corrupt_rng", "_seeds",
+                 "loss_state", "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
     def __init__(self, src: int, dst: int, spec: LinkSpec, seeds, up: Capacity, down: Capacity,
                  counters: list[int] | None = None):
         self.src, self.dst = src, dst
         self.counters = counters  # this link's row of the ledger
-        self.latency, self.bandwidth, self.loss = spec.latency, spec.bandwidth, spec.loss
+        self.latency, self.bandwidth, self.loss, self.corrupt = spec.latency, spec.bandwidth, spec.loss, spec.corrupt
         self.draws = spec.latency.draws or spec.loss.draws
         self._rng, self._seeds = None, seeds  # the run's Seeds: the link's stream is ("link", src, dst)
+        self._corrupt_rng = None  # a stream of its own: corruption leaves loss and delay draws as they were
         self.loss_state = LossState()
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
@@ -119,6 +145,21 @@ class Link:
         if self._rng is None:
             self._rng = self._seeds.python("link", self.src, self.dst)
         return self._rng
+
+    def damage(self, frame: bytes) -> bytearray | None:
+        """A copy of an arriving frame with the corruption model's bit flips; None if it arrives intact.
+
+        The frame itself is never touched: a broadcast's receivers share it.
+        """
+        if self._corrupt_rng is None:
+            self._corrupt_rng = self._seeds.numpy("link.corrupt", self.src, self.dst)
+        bits = self.corrupt.bits(self._corrupt_rng, len(frame))
+        if not bits:
+            return None
+        damaged = bytearray(frame)
+        for bit in bits:
+            damaged[bit >> 3] ^= 1 << (bit & 7)
+        return damaged
 
     def transmit(self, now: float, nbytes: int) -> float | None:
         """Occupy the link for the message; return its arrival time, or None when it is lost."""

@@ -7,7 +7,9 @@ frames waiting in mailboxes cost one copy per send, not one per receiver; bytes
 that fail to decode are dropped as corrupt then. Drops at send: over_limit,
 offline (sender), link_down (failed edge or partition); when a message queued
 behind others gets its turn: offline (sender), link_down; on the way: loss; at
-arrival: offline (receiver); when taken: corrupt. A message already in flight
+arrival: offline (receiver), corrupt (the corruption model flipped bits and the
+frame fails its checksum, as a real transport's would); when taken: corrupt (it
+does not decode, e.g. with checksums off). A message already in flight
 when its edge disappears from a time-varying graph, or fails, or when its sender
 goes offline, is still delivered: its bits had left the sender.
 """
@@ -98,10 +100,10 @@ class Network:
                  edge_specs: dict[tuple[int, int], LinkSpec] | None = None,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
-                 nodes_change: bool = False):
+                 nodes_change: bool = False, checksum: bool = True):
         self.clock, self.ledger, self.spec, self.seeds = clock, ledger, spec, seeds
         self.edge_specs = edge_specs or {}
-        self.compress, self.max_message_bytes = compress, max_message_bytes
+        self.compress, self.max_message_bytes, self.checksum = compress, max_message_bytes, checksum
         self.num_nodes = n = graph.number_of_nodes()
         self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
         self.downlinks = [Capacity(rate) for rate in _per_node(downlink, n)]
@@ -164,12 +166,13 @@ class Network:
 
     # -- sending ----------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, rnd: int, body: Any) -> None:
-        frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src))
+        frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src), checksum=self.checksum)
         self.transmit(src, dst, kind, rnd, frame)
 
     def broadcast(self, src: int, dsts: list[int], kind: str, rnd: int, body: Any) -> None:
         """Encode once: every receiver shares the immutable frame and decodes its own copy when it takes it."""
-        frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src)))
+        frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src),
+                                  checksum=self.checksum))
         for dst in dsts:
             self.transmit(src, dst, kind, rnd, frame)
 
@@ -229,6 +232,12 @@ class Network:
         dst = link.dst
         if not self.online[dst]:
             return self._drop(link, "offline", trace)
+        if link.corrupt.draws:
+            damaged = link.damage(frame)
+            if damaged is not None:
+                if self.checksum and not wire.intact(damaged):
+                    return self._drop(link, "corrupt", trace)
+                frame = damaged
         self.ledger.delivered(link.counters, dst, rnd, len(frame))
         if trace is not None:
             trace.t_arrive, trace.fate = arrival, "delivered"
@@ -237,7 +246,7 @@ class Network:
     def open(self, message: Message) -> bool:
         """Decode a message its receiver takes; False, and a corrupt drop instead of a delivery, if it does not decode."""
         try:
-            kind, rnd, message.body = wire.decode(message.frame)
+            kind, rnd, message.body = wire.decode(message.frame, checksum=self.checksum)
             intact = kind == message.kind and rnd == message.round
         except (wire.WireError, TypeError, ValueError):
             intact = False

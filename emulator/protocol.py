@@ -44,7 +44,7 @@ class Environment:
     console: Any = None
 
     def write_json(self, name: str, obj: Any) -> None:
-        (self.out_dir / name).write_text(json.dumps(obj, indent=1) + "\n")
+        (self.out_dir / name).write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")  # strict JSON
 
 
 class Protocol:

@@ -1,7 +1,9 @@
 """Wire codec: msgpack frames that carry torch tensors and numpy arrays.
 
 Frame layout (integers little-endian; tensor bytes little-endian, as on the hosts we run on):
-  prefix  16 bytes: b"P2PW", u32 header length H, u64 data length D
+  prefix  16 bytes: b"P2PW", u32 CRC32C of everything after it, u64 sizes: header length H in
+          the top 24 bits (H < 16 MiB), data length D in the low 40 (D < 1 TiB); the CRC is 0
+          when the network runs without checksums
   header  H bytes of msgpack; each tensor is an ExtType (1 torch, 2 numpy, 3 compressed) whose
           payload is the msgpack list [dtype, shape, offset, nbytes] (3 adds codec, scale, as_numpy)
   data    D bytes from the first multiple of 16 after the header; each tensor's bytes lie at
@@ -20,6 +22,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
+import crc32c
 import msgpack
 import numpy as np
 
@@ -38,6 +41,12 @@ class WireError(Exception):
 
 _MAGIC = b"P2PW"
 _PREFIX = struct.Struct("<4sIQ")
+_CHECKED = 8  # the checksum covers the frame from here: the sizes, the header and the data
+_DATA_BITS = 40
+MAX_HEADER = 1 << (64 - _DATA_BITS)
+MAX_DATA = 1 << _DATA_BITS
+MAX_DIMS = 32  # numpy's own limit is 64
+MAX_DIM = 1 << 48
 _ALIGN = 16  # >= every itemsize, so tensors start element-aligned in a malloc'd buffer
 _ZEROS = bytes(_ALIGN)
 _TORCH, _NUMPY, _LOSSY = 1, 2, 3  # msgpack ext type codes
@@ -81,10 +90,12 @@ def _is_tensor(obj) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
-def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = None) -> bytearray:
+def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = None,
+           checksum: bool = True) -> bytearray:
     """Serialise obj into one frame; floating tensors are compressed as `compress` says.
 
     Dict keys must stay hashable when decoded: str, int, float, bool, None or bytes, not tuples.
+    With `checksum`, the prefix carries the CRC32C a receiver checks (decode's `checksum`).
     """
     if compress not in COMPRESSIONS:
         raise ValueError(f"unknown compression {compress!r}; use one of {', '.join(COMPRESSIONS)}")
@@ -94,10 +105,25 @@ def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = Non
     header_packer, enc.packer = _packers()
     _local.encoder = enc
     header = header_packer.pack(obj)
-    prefix = _PREFIX.pack(_MAGIC, len(header), enc.size)
+    if len(header) >= MAX_HEADER or enc.size >= MAX_DATA:
+        raise ValueError(f"wire cannot encode a header of {len(header)} bytes (limit {MAX_HEADER}) or data of "
+                         f"{enc.size} bytes (limit {MAX_DATA}): send large values as tensors or arrays")
+    prefix = _PREFIX.pack(_MAGIC, 0, len(header) << _DATA_BITS | enc.size)
     # bytearray.join allocates without zero-filling: the tensor bytes are copied exactly once
-    return bytearray().join([prefix, header, _ZEROS[:-(len(prefix) + len(header)) % _ALIGN],
-                             *enc.parts])
+    frame = bytearray().join([prefix, header, _ZEROS[:-(len(prefix) + len(header)) % _ALIGN], *enc.parts])
+    if checksum:
+        struct.pack_into("<I", frame, 4, _crc(frame))
+    return frame
+
+
+def intact(frame) -> bool:
+    """Whether a checksummed frame's CRC32C still matches (what a receiving transport checks)."""
+    return len(frame) >= _PREFIX.size and _PREFIX.unpack_from(frame)[1] == _crc(frame)
+
+
+def _crc(frame) -> int:
+    with memoryview(frame) as view:
+        return crc32c.crc32c(view[_CHECKED:])
 
 
 # Building a Packer costs more than packing a small message, so each thread reuses two:
@@ -160,9 +186,14 @@ class _Encoder:
         return dtype.is_floating_point and dtype != dtypes.casts.get(self.compress)
 
     def _lossy(self, t: torch.Tensor, name: str, as_numpy: bool) -> msgpack.ExtType:
+        import torch
+
         casts = _torch_dtypes().casts
         if self.compress in casts:
             data, scale = t.to(casts[self.compress]), None
+            if not torch.isfinite(data).all():  # a receiver refuses it: say so at the source
+                raise ValueError(f"wire cannot send as {self.compress} a tensor holding inf, nan or values beyond "
+                                 f"{torch.finfo(data.dtype).max:g}")
         else:
             data, scale = _quantise(t, _LEVELS[self.compress], self.rng)
         return self._ext(_LOSSY, _bytes_of(data), name, list(t.shape), self.compress, scale,
@@ -208,10 +239,11 @@ def _quantise(t: torch.Tensor, levels: int, rng: np.random.Generator) -> tuple[t
     return codes[0::2] | (codes[1::2] << 4), scale
 
 
-def decode(frame: bytes | bytearray | memoryview) -> object:
-    """Inverse of encode. Raises WireError, and nothing else, for any bad input."""
+def decode(frame: bytes | bytearray | memoryview, *, checksum: bool = True) -> object:
+    """Inverse of encode. Raises WireError, and nothing else, for any bad input;
+    with `checksum`, also for a frame whose CRC32C does not match (corrupted in transit)."""
     try:
-        return _decode(frame)
+        return _decode(frame, checksum)
     except WireError:
         raise
     except Exception as e:  # a safety net: whatever slipped past the checks is still a bad frame
@@ -219,7 +251,7 @@ def decode(frame: bytes | bytearray | memoryview) -> object:
         raise WireError(f"malformed frame: {reason}".splitlines()[0]) from e
 
 
-def _decode(frame) -> object:
+def _decode(frame, checksum: bool) -> object:
     if isinstance(frame, bytearray):
         buf = frame
     elif isinstance(frame, memoryview) and not frame.readonly and frame.c_contiguous:
@@ -230,9 +262,12 @@ def _decode(frame) -> object:
         raise WireError(f"frame must be bytes, bytearray or memoryview, not {type(frame).__name__}")
     if len(buf) < _PREFIX.size:
         raise WireError(f"frame of {len(buf)} bytes is shorter than its prefix")
-    magic, header_len, data_len = _PREFIX.unpack_from(buf)
+    magic, crc, sizes = _PREFIX.unpack_from(buf)
     if magic != _MAGIC:
         raise WireError("frame does not start with the wire magic")
+    if checksum and crc != _crc(buf):
+        raise WireError("frame fails its checksum (corrupted in transit)")
+    header_len, data_len = sizes >> _DATA_BITS, sizes & (MAX_DATA - 1)
     header_end = _PREFIX.size + header_len
     start = header_end + -header_end % _ALIGN
     if start + data_len != len(buf):
@@ -243,6 +278,13 @@ def _decode(frame) -> object:
     if dec.end != data_len:
         raise WireError(f"tensors cover {dec.end} of {data_len} data bytes")
     return obj
+
+
+def _check_shape(shape) -> None:
+    """Before any arithmetic on it: a short list of non-negative ints (numpy reads -1 as "infer")."""
+    if type(shape) is not list or len(shape) > MAX_DIMS or not all(
+            type(d) is int and 0 <= d < MAX_DIM for d in shape):
+        raise WireError(f"bad shape {shape!r:.80}")
 
 
 class _Decoder:
@@ -258,8 +300,7 @@ class _Decoder:
         # tensors must tile the data region exactly as encode lays them out
         if offset != self.end + -self.end % _ALIGN:
             raise WireError(f"tensor at offset {offset!r:.20} is out of place")
-        if type(shape) is not list or min(shape, default=0) < 0:  # numpy reads -1 as "infer"
-            raise WireError(f"bad shape {shape!r:.80}")
+        _check_shape(shape)
         if code == _LOSSY:
             t = self._lossy(name, shape, offset, nbytes, *fields[4:])
             return t.numpy() if fields[6] else t
@@ -293,19 +334,21 @@ class _Decoder:
         if dtype is None or not dtype.is_floating_point or type(as_numpy) is not bool or (
                 as_numpy and name not in _NUMPY_DTYPES):
             raise WireError(f"compressed tensor of dtype {name!r:.40}, as_numpy={as_numpy!r:.10}")
-        if not all(type(d) is int for d in shape):
-            raise WireError(f"bad shape {shape!r:.80}")
-        count = math.prod(shape)
+        count = math.prod(shape)  # at most MAX_DIMS factors below MAX_DIM: checked by ext_hook
         if codec in dtypes.casts:
             if scale is not None:
                 raise WireError(f"{codec} tensor with a scale")
             wire = dtypes.casts[codec]
             raw = self._array(dtypes.carriers[dtypes.names[wire]], [count], offset, nbytes)
-            return torch.from_numpy(raw).view(wire).to(dtype).view(shape)
+            t = torch.from_numpy(raw).view(wire)
+            if not torch.isfinite(t).all():
+                raise WireError(f"{codec} tensor holds inf or nan")
+            return t.to(dtype).view(shape)
         if codec not in _LEVELS:
             raise WireError(f"unknown codec {codec!r:.20}")
-        if type(scale) is not float or not math.isfinite(scale) or scale < 0:
-            raise WireError(f"bad quantisation scale {scale!r:.20}")
+        # |q| <= levels, so values stay within +-scale: finite in the tensor's own dtype
+        if type(scale) is not float or not 0 <= scale <= torch.finfo(dtype).max:
+            raise WireError(f"bad quantisation scale {scale!r:.20} for {name}")
         work = torch.float64 if dtype == torch.float64 else torch.float32
         if codec == "q8":
             q = torch.from_numpy(self._array(_NUMPY_DTYPES["int8"], [count], offset, nbytes))

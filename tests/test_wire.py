@@ -1,7 +1,9 @@
 import math
 import struct
+import time
 import warnings
 
+import crc32c
 import msgpack
 import numpy as np
 import pytest
@@ -195,7 +197,8 @@ def sample_frame():
 
 def split(frame):
     """(header object with raw ExtTypes, data region) following the documented layout."""
-    _, header_len, data_len = struct.unpack_from("<4sIQ", frame)
+    _, _, sizes = struct.unpack_from("<4sIQ", frame)
+    header_len, data_len = sizes >> 40, sizes & (2**40 - 1)
     header = msgpack.unpackb(frame[16:16 + header_len], strict_map_key=False,
                              ext_hook=lambda code, data: msgpack.ExtType(code, data))
     return header, frame[len(frame) - data_len:]
@@ -206,8 +209,9 @@ def join(header, data):
 
 
 def join_raw(packed: bytes, data: bytes) -> bytes:
-    prefix = struct.pack("<4sIQ", b"P2PW", len(packed), len(data))
-    return prefix + packed + bytes(-(16 + len(packed)) % 16) + data
+    """A frame with a valid checksum: the tampering tests reach the checks behind it."""
+    rest = struct.pack("<Q", len(packed) << 40 | len(data)) + packed + bytes(-(16 + len(packed)) % 16) + data
+    return b"P2PW" + struct.pack("<I", crc32c.crc32c(rest)) + rest
 
 
 def edit_ext(header, edit):
@@ -252,28 +256,48 @@ def test_trailing_junk(junk):
         decode(sample_frame() + junk)
 
 
-def test_every_byte_flipped_is_either_decoded_or_a_wire_error():
+def test_every_byte_flipped_is_either_decoded_or_a_wire_error_without_checksums():
     frame = bytearray(sample_frame())
     rejected = 0
     for i in range(len(frame)):
         for value in (frame[i] ^ 0xFF, frame[i] ^ 0x01):
             bad = bytes(frame[:i]) + bytes([value]) + bytes(frame[i + 1:])
             try:
-                decode(bad)
+                decode(bad, checksum=False)
             except WireError:
                 rejected += 1
     assert rejected > len(frame) // 2  # prefix and header damage must be caught
 
 
-@pytest.mark.parametrize("field, delta",
-                         [(1, 1), (1, -1), (1, 2**31), (2, 16), (2, -16), (2, 1)],
-                         ids=["header+1", "header-1", "header-huge",
-                              "data+16", "data-16", "data+1"])
-def test_flipped_prefix_lengths(field, delta):
+def test_the_checksum_catches_every_flipped_bit():
+    frame = sample_frame()
+    assert decode(frame) is not None
+    for bit in range(8 * len(frame)):
+        bad = bytearray(frame)
+        bad[bit >> 3] ^= 1 << (bit & 7)
+        with pytest.raises(WireError):
+            decode(bad)
+        if bit >= 64:  # past magic and checksum
+            with pytest.raises(WireError, match="checksum"):
+                decode(bad)
+
+
+def test_frames_without_checksums_decode_only_without_checking():
+    frame = encode({"x": np.arange(3)}, checksum=False)
+    assert struct.unpack_from("<I", frame, 4) == (0,)
+    assert decode(frame, checksum=False)["x"].tolist() == [0, 1, 2]
+    with pytest.raises(WireError, match="checksum"):
+        decode(frame)
+    assert len(frame) == len(encode({"x": np.arange(3)}))  # the checksum costs no byte: it has its field
+
+
+@pytest.mark.parametrize("delta", [1 << 40, -(1 << 40), (1 << 23) << 40, 16, -16, 1],
+                         ids=["header+1", "header-1", "header-huge", "data+16", "data-16", "data+1"])
+def test_wrong_prefix_lengths_with_a_valid_checksum(delta):
     frame = bytearray(sample_frame())
-    fields = list(struct.unpack_from("<4sIQ", frame))
-    fields[field] = (fields[field] + delta) % (2**32 if field == 1 else 2**64)
-    struct.pack_into("<4sIQ", frame, 0, *fields)
+    sizes, = struct.unpack_from("<Q", frame, 8)
+    struct.pack_into("<Q", frame, 8, (sizes + delta) % 2**64)
+    struct.pack_into("<I", frame, 4, crc32c.crc32c(bytes(frame[8:])))
     with pytest.raises(WireError):
         decode(frame)
 
@@ -313,6 +337,7 @@ def test_tampered_tensor_descriptor(edit):
     ("q8", -1.0, False, "float32"), ("q8", 1, False, "float32"), ("q8", None, False, "float32"),
     ("fp16", 1.0, False, "float32"), ("q8", 1.0, "yes", "float32"), ("q8", 1.0, False, "int64"),
     ("q8", 1.0, True, "bfloat16"), (None, 1.0, False, "float32"),
+    ("q8", 1e308, False, "float32"), ("q8", float("inf"), False, "float32"), ("q4", 7e4, False, "float16"),
 ])
 def test_tampered_compressed_descriptor(codec, scale, as_numpy, name):
     frame = bytes(encode({"w": torch.randn(3, 5)}, compress="q8", rng=np.random.default_rng(0)))
@@ -323,6 +348,31 @@ def test_tampered_compressed_descriptor(codec, scale, as_numpy, name):
     header["w"] = msgpack.ExtType(3, msgpack.packb([name, *fields[1:4], codec, scale, as_numpy]))
     with pytest.raises(WireError):
         decode(join(header, data))
+
+
+def test_a_long_shape_list_fails_before_any_arithmetic_on_it():
+    """A compressed tensor's header with a 1 MB shape list: refused on its length, not after math.prod."""
+    frame = bytes(encode({"w": torch.randn(3, 5)}, compress="q8", rng=np.random.default_rng(0)))
+    header, data = split(frame)
+    fields = msgpack.unpackb(header["w"].data)
+    header["w"] = msgpack.ExtType(3, msgpack.packb([fields[0], [2**47 - 1] * 112_000, *fields[2:]]))
+    tampered = join(header, data)
+    assert len(tampered) > 1_000_000
+    start = time.perf_counter()
+    with pytest.raises(WireError, match="bad shape"):
+        decode(tampered)
+    assert time.perf_counter() - start < 0.05  # was 27.8 s: quadratic in the frame size
+
+
+@pytest.mark.parametrize("compress", ["fp16", "bf16"])
+def test_a_cast_tensor_holding_inf_is_refused_at_both_ends(compress):
+    with pytest.raises(ValueError, match="inf"):
+        encode({"w": torch.tensor([1.0, 1e39 if compress == "bf16" else 1e5])}, compress=compress)
+    header, data = split(bytes(encode({"w": torch.ones(4)}, compress=compress)))
+    inf = torch.full((4,), float("inf"), dtype=torch.float16 if compress == "fp16" else torch.bfloat16)
+    raw = inf.view(torch.int16).numpy().tobytes()
+    with pytest.raises(WireError, match="inf or nan"):
+        decode(join(header, raw + data[len(raw):]))
 
 
 def test_negative_shape_that_numpy_would_infer():
