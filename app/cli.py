@@ -102,6 +102,15 @@ def resolve(argv: list[str], registry: dict) -> tuple[cfg.RunConfig, Any]:
     return cfg.resolve({**settings, **given}, registry)
 
 
+MAX_ERROR = 180  # characters of an error line: it quotes user input, which may be anything
+
+
+def one_line(message: str) -> str:
+    """The first line of an error, cut short."""
+    first = (message.strip().splitlines() or [""])[0]
+    return first if len(first) <= MAX_ERROR else first[:MAX_ERROR - 1] + "…"
+
+
 def _one_line_warnings(message, category, filename, lineno, file=None, line=None):
     return f"warning: {message}\n"
 
@@ -145,7 +154,7 @@ def _main(argv: list[str]) -> int:
         wire.keep_large_frames_in_the_heap()
         execute(config, options, registry[config.protocol], out_dir(config))
     except (UsageError, UnitError) as exc:
-        print(f"emulate: error: {exc}", file=sys.stderr)
+        print(f"emulate: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except LateFailure as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)

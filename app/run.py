@@ -96,8 +96,8 @@ def build_topology(config: cfg.RunConfig):
                 from_file = topologies.files.looks_like_path(config.topology.strip())
                 graph = topologies.build(config.topology, config.nodes if from_file else nodes,
                                          Seeds(config.seed).integer("topology"))
-    except topologies.TopologyError as exc:
-        raise UsageError(f"--topology {config.topology}: {exc}") from None
+    except topologies.TopologyError as exc:  # a file's error names the file already
+        raise UsageError(str(exc) if config.topology in str(exc) else f"--topology {config.topology}: {exc}") from None
     if schedule is not None and config.nodes is not None and schedule.num_nodes != config.nodes:
         raise UsageError(f"--topology-schedule {config.topology_schedule}: has {schedule.num_nodes} nodes but "
                          f"--nodes {config.nodes}; leave --nodes unset to use the file's node count")
@@ -135,23 +135,31 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     graph, schedule = build_topology(config)
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
+    existed = out_dir.exists()
     prepare_out_dir(out_dir, config.overwrite)
     writer = RunDirWriter(out_dir)
-    writer.config({**asdict(config), **asdict(options)})
-    env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
-    protocol = protocol_cls(options, env)
     executor = concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")
-    with executor, writer, _progress(console, config) as (progress, task):
-        def on_round(rnd: int, now: float) -> None:
-            stream.round_closed(rnd)
-            progress.update(task, completed=rnd + 1,
-                            info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
+    progress, task = _progress(console, config)  # shown once the rounds start
 
-        emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
+    def on_round(rnd: int, now: float) -> None:
+        stream.round_closed(rnd)
+        progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
+
+    with executor, writer:
+        try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
+            writer.config({**asdict(config), **asdict(options)})
+            env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
+            protocol = protocol_cls(options, env)
+            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
+        except UsageError:
+            writer.close()
+            _discard(out_dir, existed)
+            raise
         stream = RunStream(writer, emulation)
         start = time.perf_counter()
         try:
-            rows = emulation.run()
+            with progress:
+                rows = emulation.run()
         except BaseException:  # a signal or a failure: the closed rounds are on disk; bring the snapshots up to now
             stream.snapshot()
             raise
@@ -169,6 +177,18 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
+
+
+def _discard(out_dir: Path, keep_directory: bool) -> None:
+    """Remove what a run that never started wrote: its files, and its directory if the run made it."""
+    if not keep_directory:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for path in out_dir.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class LateFailure(Exception):
@@ -215,21 +235,12 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
     }
 
 
-def _progress(console: Console, config: cfg.RunConfig):
+def _progress(console: Console, config: cfg.RunConfig) -> tuple[Progress, Any]:
+    """A progress bar over the rounds (not started: `with progress:` shows it)."""
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("round {task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
                         console=console, transient=True, disable=config.quiet)
-    task = progress.add_task(f"{config.protocol} on {config.topology}", total=config.rounds, info="")
-
-    class _Context:
-        def __enter__(self):
-            progress.start()
-            return progress, task
-
-        def __exit__(self, *exc):
-            progress.stop()
-
-    return _Context()
+    return progress, progress.add_task(f"{config.protocol} on {config.topology}", total=config.rounds, info="")
 
 
 def summary_table(summary: dict, out_dir: Path) -> Table:

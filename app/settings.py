@@ -120,6 +120,14 @@ HELP = {
 }
 
 DEFAULT_NODES = 10
+MAX_CONFIG_BYTES = 1 << 20
+MAX_SEED = 2**63 - 1
+MAX_ROUNDS = 10**9
+MAX_WORKERS = 1024
+# The emulator's own state per node at the least (gossip: its node, mailbox, links and ledger
+# rows on a 4-regular graph measure 13 KiB a node in ./dev bench memory); a learning protocol
+# adds its models.
+NODE_FLOOR_BYTES = 10 * 1024
 CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
@@ -139,12 +147,25 @@ def default(f) -> Any:
 
 
 def read_config_file(path: str) -> dict:
-    """A YAML or TOML mapping of settings; keys may be spelt with - or _."""
+    """A YAML or TOML mapping of settings; keys may be spelt with - or _.
+
+    Bounded before it is parsed: at most MAX_CONFIG_BYTES, UTF-8, and no YAML aliases
+    (settings never need them, and nested ones expand exponentially).
+    """
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"--config {path}: no such file")
+    if file.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"--config {path}: {file.stat().st_size:,} bytes, over the {MAX_CONFIG_BYTES:,}-byte limit "
+                         "of a settings file")
     try:
-        data = tomllib.loads(file.read_text()) if file.suffix == ".toml" else yaml.safe_load(file.read_text())
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--config {path}: not a UTF-8 text file") from None
+    try:
+        if file.suffix != ".toml" and any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text)):
+            raise UsageError(f"--config {path}: uses a YAML alias (*name); write each setting out")
+        data = tomllib.loads(text) if file.suffix == ".toml" else yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise UsageError(f"--config {path}: cannot parse: {first}") from None
@@ -162,6 +183,10 @@ def _coerce(name: str, value: Any, default_value: Any) -> Any:
         return default_value
     if default_value is None and name in OPTIONAL_INTS:
         default_value = OPTIONAL_INTS[name]()
+    if isinstance(default_value, int) and not isinstance(default_value, bool) and isinstance(value, (bool, float)):
+        raise UsageError(f"{flag(name)} {value!r:.40}: expected an integer, not {type(value).__name__}")
+    if isinstance(default_value, float):
+        return _finite(name, value)
     if isinstance(default_value, str) and value is False:  # YAML off / no / false
         return "none"
     if isinstance(default_value, str) and isinstance(value, list):
@@ -175,8 +200,19 @@ def _coerce(name: str, value: Any, default_value: Any) -> Any:
                 return str(value).lower() in ("true", "1", "yes")
             raise ValueError
         return type(default_value)(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{flag(name)} {value!r}: expected {type(default_value).__name__}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"{flag(name)} {value!r:.40}: expected {type(default_value).__name__}") from None
+
+
+def _finite(name: str, value: Any) -> float:
+    """A float setting's value: a finite number (NaN and infinities mean a mistake, never a setting)."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise UsageError(f"{flag(name)} {value!r:.40}: expected a finite number")
+    return number
 
 
 def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> UsageError:
@@ -227,20 +263,19 @@ def _choice(value: str, allowed: tuple, flag: str) -> None:
 
 def validate(config: RunConfig) -> None:
     """Raise ConfigError naming the first bad value."""
-    if config.nodes is not None and config.nodes < 1:
-        raise ConfigError(f"--nodes {config.nodes}: need at least 1 node")
-    if config.rounds < 0:
-        raise ConfigError(f"--rounds {config.rounds}: must not be negative")
-    if config.seed < 0:
-        raise ConfigError(f"--seed {config.seed}: must not be negative")
+    if config.nodes is not None:
+        _within("nodes", config.nodes, 1, max_nodes())
+    _within("rounds", config.rounds, 0, MAX_ROUNDS)
+    _within("seed", config.seed, 0, MAX_SEED)
+    _within("workers", config.workers, 0, MAX_WORKERS)
     if not config.time_scale > 0:
         raise ConfigError(f"--time-scale {config.time_scale}: must be positive")
+    if not config.compute_factor > 0:
+        raise ConfigError(f"--compute-factor {config.compute_factor}: must be positive")
     _choice(config.clock, CLOCKS, "clock")
     _choice(config.compute_time, COMPUTE_TIMES, "compute-time")
     _choice(config.device, DEVICES, "device")
     _choice(config.compress, COMPRESSIONS, "compress")
-    if config.workers < 0:
-        raise ConfigError(f"--workers {config.workers}: must not be negative")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
                         ("bandwidth", units.rate),
                          ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
@@ -254,12 +289,30 @@ def validate(config: RunConfig) -> None:
     check_dynamics(config)
 
 
+def _within(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        why = ""
+        if name == "nodes" and value > high:
+            why = (f" (this machine's {_memory() / 2**30:.0f} GiB hold at most that many nodes at "
+                   f"{NODE_FLOOR_BYTES // 1024} KiB each, the emulator's own state)")
+        raise ConfigError(f"{flag(name)} {str(value):.40}: must be within {low}..{high}{why}")
+
+
+def _memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def max_nodes() -> int:
+    """The most nodes this machine's memory can hold, at the emulator's own floor per node."""
+    return _memory() // NODE_FLOOR_BYTES
+
+
 _DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
 
 
 def parse_delay(text: str | float) -> Delay:
     """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
-    if isinstance(text, (int, float)) or str(text)[:1].isdigit() or str(text).startswith("."):
+    if isinstance(text, (int, float)) or str(text).strip()[:1] in tuple("0123456789.-+"):
         return Delay("constant", value=units.duration(text))
     name, params = units.spec(text)
     expected = _DELAY_PARAMS.get(name)
@@ -267,8 +320,18 @@ def parse_delay(text: str | float) -> Delay:
         raise units.UnitError(f"unknown latency model {name!r} (use a duration, uniform, normal or lognormal)")
     if set(params) != set(expected):
         raise units.UnitError(f"latency {text!r} needs exactly {', '.join(expected)}")
-    values = {k: (float(v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
+    values = {k: (_sigma(text, v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
     return Delay(name, **values)
+
+
+def _sigma(text: str, value: str) -> float:
+    try:
+        sigma = float(value)
+    except ValueError:
+        sigma = math.nan
+    if not 0 <= sigma < math.inf:
+        raise units.UnitError(f"latency {text!r:.60}: sigma must be a finite number >= 0")
+    return sigma
 
 
 def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
@@ -312,11 +375,19 @@ def edge_specs(graph: nx.Graph, default: LinkSpec) -> dict[tuple[int, int], Link
                             parse_loss(attrs["loss"]) if "loss" in attrs else default.loss,
                             parse_corrupt(attrs["corrupt"]) if "corrupt" in attrs else default.corrupt)
         except units.UnitError as exc:
-            raise ConfigError(f"topology edge {src}-{dst}: {exc}") from None
+            raise ConfigError(f"{edge_origin(graph, src, dst)}: {exc}") from None
         specs[src, dst] = spec
         if not graph.is_directed():
             specs[dst, src] = spec
     return specs
+
+
+def edge_origin(graph: nx.Graph, src: int, dst: int) -> str:
+    """Where a topology file gave an edge: 'FILE: line N: edge U-V' in the file's own node labels."""
+    labels = [str(graph.nodes[node].get("label", node)) for node in (src, dst)]
+    where = graph.graph.get("source")
+    line = graph.graph.get("edge_lines", {}).get(frozenset(labels))
+    return f"{where or 'topology'}: {f'line {line}: ' if line else ''}edge {labels[0]}-{labels[1]}"
 
 
 def capacities(graph: nx.Graph, attribute: str, default: str, seeds: Seeds) -> list[float]:
@@ -337,7 +408,9 @@ def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[floa
     try:
         values = {k: float(v) for k, v in params.items()}
     except ValueError:
-        raise units.UnitError(f"compute speed {text!r}: parameters must be numbers") from None
+        raise units.UnitError(f"compute speed {text!r:.60}: parameters must be numbers") from None
+    if not all(math.isfinite(v) for v in values.values()):
+        raise units.UnitError(f"compute speed {text!r:.60}: parameters must be finite")
     draws = {
         "constant": lambda value=1.0: np.full(num_nodes, value),
         "uniform": lambda low=1.0, high=2.0: rng.uniform(low, high, num_nodes),

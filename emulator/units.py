@@ -19,7 +19,7 @@ class UnitError(ValueError):
 def _split(text: str, what: str) -> tuple[float, str]:
     match = _NUMBER.match(str(text))
     if not match:
-        raise UnitError(f"cannot read {what} {text!r}")
+        raise UnitError(f"cannot read {what} {text!r:.40}")
     return float(match.group(1)), match.group(2)
 
 
@@ -32,8 +32,8 @@ def duration(text: str | float) -> float:
         if unit not in _DURATION:
             raise UnitError(f"unknown duration unit in {text!r} (use s, ms, us, ns, min, h)")
         value = number * _DURATION[unit]
-    if value < 0 or math.isnan(value):
-        raise UnitError(f"duration {text!r} must not be negative")
+    if not 0 <= value < math.inf:
+        raise UnitError(f"duration {text!r:.40} must be finite and not negative")
     return value
 
 
@@ -41,6 +41,8 @@ def rate(text: str | float) -> float:
     """'10Mbps' -> 1e7 bit/s (SI: 1 Mbps = 10**6 bit/s); 'inf' is unlimited."""
     if isinstance(text, (int, float)):
         value = float(text)
+        if value == math.inf:
+            return math.inf
     elif str(text).strip().lower() in _UNLIMITED:
         return math.inf
     else:
@@ -48,8 +50,8 @@ def rate(text: str | float) -> float:
         if unit.lower() not in _RATE:
             raise UnitError(f"unknown bandwidth unit in {text!r} (use bps, kbps, Mbps, Gbps)")
         value = number * _RATE[unit.lower()]
-    if not value > 0:
-        raise UnitError(f"bandwidth {text!r} must be positive")
+    if not 0 < value < math.inf:  # unlimited is spelt inf: an overflow is a mistake
+        raise UnitError(f"bandwidth {text!r:.40} must be positive and finite (or inf for unlimited)")
     return value
 
 
@@ -61,9 +63,12 @@ def size(text: str | int) -> int:
         number, unit = _split(text, "size")
         if unit.lower() not in _BYTES:
             raise UnitError(f"unknown size unit in {text!r} (use B, kB, MB, GB, KiB, MiB, GiB)")
-        value = int(number * _BYTES[unit.lower()])
+        value = number * _BYTES[unit.lower()]
+        if not value < math.inf:
+            raise UnitError(f"size {text!r:.40} must be finite")
+        value = int(value)
     if value <= 0:
-        raise UnitError(f"size {text!r} must be positive")
+        raise UnitError(f"size {text!r:.40} must be positive")
     return value
 
 
@@ -71,9 +76,9 @@ def probability(text: str | float) -> float:
     try:
         value = float(text)
     except (TypeError, ValueError):
-        raise UnitError(f"cannot read probability {text!r}") from None
+        raise UnitError(f"cannot read probability {text!r:.40}") from None
     if not 0.0 <= value <= 1.0:
-        raise UnitError(f"probability {text!r} must be within 0..1")
+        raise UnitError(f"probability {text!r:.40} must be within 0..1")
     return value
 
 

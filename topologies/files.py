@@ -30,6 +30,7 @@ def looks_like_path(spec: str) -> bool:
 def read(path: str) -> nx.Graph:
     graph = _read_graphml(path) if path.lower().endswith(GRAPHML_SUFFIXES) else _read_edgelist(path)
     _check(graph, path)
+    graph.graph["source"] = path
     return _renumber(graph)
 
 
@@ -71,6 +72,7 @@ def _read_edgelist(path: str) -> nx.Graph:
         if earlier != number:
             raise TopologyError(f"{path}:{number}: edge {u}-{v} already given on line {earlier}")
         graph.add_edge(u, v, **attrs)
+    graph.graph["edge_lines"] = first_line  # {file labels} -> line, for errors about an edge's attributes
     return graph
 
 
