@@ -25,7 +25,8 @@ import yaml
 
 # The files' columns.
 LINK_COLUMNS = ("src", "dst", "msgs_sent", "msgs_delivered", "msgs_dropped", "bytes_sent", "bytes_delivered",
-                "dropped_loss", "dropped_offline", "dropped_corrupt", "dropped_over_limit", "dropped_link_down")
+                "dropped_loss", "dropped_offline", "dropped_corrupt", "dropped_over_limit", "dropped_link_down",
+                "dropped_invalid")
 TRACE_COLUMNS = ("src", "dst", "kind", "round", "bytes", "t_send", "t_arrive", "fate")
 NODE_ROUND_COLUMNS = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_received")
 # The metric a run is judged by: the first of these that its rows carry.

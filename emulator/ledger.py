@@ -5,7 +5,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
-DROP_CAUSES = ("loss", "offline", "corrupt", "over_limit", "link_down")
+DROP_CAUSES = ("loss", "offline", "corrupt", "over_limit", "link_down", "invalid")
 # A link's counters, in the order of its row.
 LINK_COUNTERS = ("msgs_sent", "msgs_delivered", "msgs_dropped", "bytes_sent",
                  "bytes_delivered") + tuple(f"dropped_{cause}" for cause in DROP_CAUSES)
@@ -64,14 +64,15 @@ class Ledger:
         node.msgs_received += 1
         node.bytes_received += nbytes
 
-    def corrupt(self, row: list[int], dst: int, rnd: int, nbytes: int) -> None:
-        """A delivered message its receiver could not decode: counted as a corrupt drop instead."""
+    def refused(self, row: list[int], dst: int, rnd: int, nbytes: int, cause: str) -> None:
+        """A delivered message its receiver could not use: counted as a drop instead (corrupt: it did
+        not decode; invalid: its protocol's check of the body failed)."""
         row[_DELIVERED] -= 1
         row[_BYTES_DELIVERED] -= nbytes
         node = self.node_rounds[dst, rnd]
         node.msgs_received -= 1
         node.bytes_received -= nbytes
-        self.dropped(row, "corrupt")
+        self.dropped(row, cause)
 
     def dropped(self, row: list[int], cause: str) -> None:
         row[_DROPPED] += 1

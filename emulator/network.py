@@ -9,7 +9,8 @@ offline (sender), link_down (failed edge or partition); when a message queued
 behind others gets its turn: offline (sender), link_down; on the way: loss; at
 arrival: offline (receiver), corrupt (the corruption model flipped bits and the
 frame fails its checksum, as a real transport's would); when taken: corrupt (it
-does not decode, e.g. with checksums off). A message already in flight
+does not decode, e.g. with checksums off), invalid (it decodes, but its protocol's
+check of the body fails). A message already in flight
 when its edge disappears from a time-varying graph, or fails, or when its sender
 goes offline, is still delivered: its bits had left the sender.
 """
@@ -252,10 +253,15 @@ class Network:
             intact = False
         message.frame = None  # the receiver's copy now lives in the body
         if not intact:
-            self.ledger.corrupt(self.links[message.src, message.dst].counters, message.dst, message.round, message.size)
-            if message.trace is not None:
-                message.trace.fate = "corrupt"
+            self.refuse(message, "corrupt")
         return intact
+
+    def refuse(self, message: Message, cause: str) -> None:
+        """A delivered message its receiver cannot use becomes a drop for `cause` (corrupt, invalid)."""
+        self.ledger.refused(self.links[message.src, message.dst].counters, message.dst, message.round, message.size,
+                            cause)
+        if message.trace is not None:
+            message.trace.fate = cause
 
 
 def _per_node(rate: float | Sequence[float], n: int) -> list[float]:

@@ -110,18 +110,23 @@ class Node:
         if peers:
             self._network.broadcast(self.id, peers, kind, self._round, body)
 
-    async def recv(self, timeout: float | None = None, kind: str | None = None) -> Message | None:
-        """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds."""
+    async def recv(self, timeout: float | None = None, kind: str | None = None,
+                   valid: Callable[[Any], bool] | None = None) -> Message | None:
+        """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds.
+
+        With `valid`, a message whose body it rejects (or raises on) is dropped as invalid, unseen.
+        """
         deadline = None if timeout is None else self._clock.now + timeout
         while True:
-            message = self._take(kind)
+            message = self._take(kind, valid)
             if message is not None:
                 return message
             if not await self._wait(deadline):
                 return None
 
-    def _take(self, kind: str | None) -> Message | None:
-        """The first intact arrived message (of `kind`), decoded; corrupt ones on the way are dropped."""
+    def _take(self, kind: str | None, valid: Callable[[Any], bool] | None) -> Message | None:
+        """The first intact, valid arrived message (of `kind`), decoded; corrupt and invalid ones on the way
+        are dropped."""
         messages = self._mailbox.messages
         while True:
             if kind is None:
@@ -130,18 +135,18 @@ class Node:
                 message = next((m for m in messages if m.kind == kind), None)
                 if message is not None:
                     messages.remove(message)
-            if message is None or self._network.open(message):
+            if message is None or self._opens(message, valid):
                 return message
 
     async def gather(self, kind: str, round: int | None = None, peers: list[int] | None = None,
-                     timeout: float | None = None) -> dict[int, Message]:
+                     timeout: float | None = None, valid: Callable[[Any], bool] | None = None) -> dict[int, Message]:
         """One message of `kind` for `round` from each of `peers` (default: the in-neighbours), until `timeout`.
 
         Returns what arrived, by sender in ascending order. Messages of `kind`
         from earlier rounds are stale and discarded; other messages stay queued.
         Messages are decoded on return, all at once: while a node waits, what it
         has collected stays one shared frame per sender, not a copy per receiver.
-        A corrupt one is dropped then, as if lost.
+        A corrupt one is dropped then, as if lost, and so is one whose body `valid` rejects.
         """
         rnd = self._round if round is None else round
         wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
@@ -151,7 +156,7 @@ class Node:
         while True:
             self._collect(kind, rnd, wanted, got)
             if not wanted or timed_out:
-                return {src: got[src] for src in sorted(got) if self._network.open(got[src])}
+                return {src: got[src] for src in sorted(got) if self._opens(got[src], valid)}
             timed_out = not await self._wait(deadline, _Awaited(kind, rnd, wanted))
 
     def _collect(self, kind: str, rnd: int, wanted: set, got: dict) -> None:
@@ -166,6 +171,21 @@ class Node:
                 keep.append(message)
         if len(keep) != len(self._mailbox.messages):
             self._mailbox.messages = deque(keep)
+
+    def _opens(self, message: Message, valid: Callable[[Any], bool] | None) -> bool:
+        """Decode the message; False (and a drop) if it is corrupt or its body fails `valid`."""
+        if not self._network.open(message):
+            return False
+        if valid is None:
+            return True
+        try:
+            accepted = bool(valid(message.body))
+        except Exception:  # noqa: BLE001 - a check that trips over a hostile body has rejected it
+            accepted = False
+        if not accepted:
+            message.body = None
+            self._network.refuse(message, "invalid")
+        return accepted
 
     async def _wait(self, deadline: float | None, wakes: Callable[[Message], bool] | None = None) -> bool:
         """Wait for the next arrival (one `wakes` accepts, if given); False once the deadline has passed."""

@@ -4,12 +4,17 @@
   SGDOptions (LearningProtocol.train's SGD), TimeoutOptions, MixingOptions;
 - the body keys that more than one protocol puts on the wire;
 - a node's row of W from what it heard (own_row, degree_weights);
+- expects: the check of a received body (keys, shapes, dtypes, finite values);
 - LearningProtocol: the workload, local SGD, evaluation and the consensus observer;
 - last_rows: each node's last row of a recorded stream, for summaries.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import numpy as np
 
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
@@ -111,6 +116,69 @@ def own_row(heard: dict[int, float]) -> tuple[float, list[tuple[float, int]]]:
 def degree_weights(mixing: str, degree: int, heard: dict) -> dict[int, float]:
     """w_ij of each message's sender from the two degrees alone: Metropolis-Hastings (mh) or uniform."""
     return {j: neighbour_weight(mixing, degree, message.body[DEGREE]) for j, message in heard.items()}
+
+
+# -- what a node accepts from the wire
+
+Check = Callable[[Any], bool]
+
+
+def expects(optional: tuple[str, ...] = (), **examples) -> Check:
+    """A check of received bodies, made once from examples of what a body holds.
+
+    The body must be a dict with these keys (those in `optional` may be missing), each
+    value like its example: a tensor or numpy array of the same shape and dtype with
+    finite values; a dict of them with the same keys; a type (int, float: a finite
+    number, str, ...); or a check of its own. Pass it as gather's or recv's `valid`:
+    a body it rejects is dropped as invalid, so corrupt or hostile input never reaches
+    the protocol's arithmetic.
+    """
+    checks = {key: like(example) for key, example in examples.items()}
+    required = set(checks) - set(optional)
+
+    def check(body) -> bool:
+        return (isinstance(body, dict) and required <= body.keys() <= checks.keys()
+                and all(checks[key](value) for key, value in body.items()))
+    return check
+
+
+def like(example) -> Check:
+    """A check that a value is like `example`: see expects; also a number (of its type), None,
+    or a list (as long, each item like the example's). A node's own outgoing body is the
+    usual example of what its neighbours send."""
+    if isinstance(example, type):
+        return _of_type(example)
+    if example is None or isinstance(example, (bool, int, float, str)):
+        return _of_type(type(example))
+    if isinstance(example, dict):
+        return expects(**example)
+    if isinstance(example, list):
+        items = [like(item) for item in example]
+        return lambda v: isinstance(v, list) and len(v) == len(items) and all(c(x) for c, x in zip(items, v))
+    if isinstance(example, np.ndarray):
+        shape, dtype = example.shape, example.dtype
+        return lambda v: (isinstance(v, np.ndarray) and v.shape == shape and v.dtype == dtype
+                          and (dtype.kind not in "fc" or bool(np.isfinite(v).all())))
+    if torch.is_tensor(example):
+        shape, dtype = example.shape, example.dtype
+        return lambda v: (torch.is_tensor(v) and v.shape == shape and v.dtype == dtype
+                          and (not v.is_floating_point() or bool(torch.isfinite(v).all())))
+    if callable(example):
+        return example
+    raise TypeError(f"expects: no check for an example of {type(example).__name__}")
+
+
+def _of_type(kind: type) -> Check:
+    if kind is float:
+        return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if kind is int:
+        return lambda v: isinstance(v, int) and not isinstance(v, bool)
+    return lambda v: isinstance(v, kind)
+
+
+def node_ids(num_nodes: int) -> Check:
+    """A list of node ids, e.g. L2C's notice of whom a node still listens to."""
+    return lambda v: isinstance(v, list) and all(type(j) is int and 0 <= j < num_nodes for j in v)
 
 
 # -- learning

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .common import DEGREE, STATE, LearningProtocol, MixingOptions, SGDOptions, degree_weights, own_row
+from .common import DEGREE, STATE, LearningProtocol, MixingOptions, SGDOptions, degree_weights, like, own_row
 
 
 @dataclass
@@ -44,8 +44,9 @@ class DFedAvgM(LearningProtocol):
         """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed."""
         o = self.options
         degree = len(node.in_neighbours)
-        node.broadcast("model", {STATE: float_state(model), DEGREE: degree})  # 2
-        heard = await node.gather("model", timeout=o.timeout)
+        body = {STATE: float_state(model), DEGREE: degree}
+        node.broadcast("model", body)  # 2
+        heard = await node.gather("model", timeout=o.timeout, valid=like(body))
         self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
         mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
         return len(heard)

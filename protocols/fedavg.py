@@ -20,7 +20,11 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default
+from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, like
+
+
+def _positive(samples) -> bool:
+    return type(samples) is int and samples > 0
 
 
 @dataclass
@@ -90,7 +94,8 @@ class FedAvg(LearningProtocol):
             # unsampled one ends its round now instead of waiting out the silence, which then means
             # only that the server is down.
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
-            updates = await node.gather("update", peers=sampled, timeout=o.timeout)
+            updates = await node.gather("update", peers=sampled, timeout=o.timeout,
+                                        valid=expects(**{STATE: float_state(model), "samples": _positive}))
             average(model, [(m.body["samples"], m.body[STATE]) for m in updates.values()])
             scores = await self.evaluate(node, model, test) if test is not None else {}
             node.log(heard_from=len(updates), **scores)
@@ -107,7 +112,7 @@ class FedAvg(LearningProtocol):
         message = None
         for _ in node.rounds():
             if message is None or message.round < node.round:
-                message = await self._next_model(node)
+                message = await self._next_model(node, model)
             if message is None or message.round > node.round or message.body is None:
                 continue  # the server fell silent; or it is rounds ahead (skip to its round); or not sampled
             model.load_state_dict(message.body[STATE], strict=False)
@@ -117,7 +122,7 @@ class FedAvg(LearningProtocol):
                 node.send(self.server, "update", {STATE: float_state(model), "samples": len(data.train_y)})
             node.log(train_loss=loss, **scores)
 
-    async def _next_model(self, node):
+    async def _next_model(self, node, model):
         """The server's message for this round or a later one; None once the server has been silent too long.
 
         Between two messages to a client the server may wait out --timeout for a silent client and
@@ -125,7 +130,9 @@ class FedAvg(LearningProtocol):
         round ahead and misses its models. A message of an earlier round is dropped but restarts the
         wait: the server is alive and catching up after it was offline.
         """
-        while (message := await node.recv(timeout=2 * self.options.timeout, kind="model")) is not None:
+        state = like(float_state(model))  # the server's model is the clients' architecture
+        valid = lambda body: body is None or (isinstance(body, dict) and body.keys() == {STATE} and state(body[STATE]))  # noqa: E731
+        while (message := await node.recv(timeout=2 * self.options.timeout, kind="model", valid=valid)) is not None:
             if message.round >= node.round:
                 return message
         return None

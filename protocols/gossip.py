@@ -19,7 +19,7 @@ import numpy as np
 
 from emulator.protocol import Protocol, register
 
-from .common import DEGREE, MixingOptions, check, default, degree_weights, own_row
+from .common import DEGREE, MixingOptions, check, default, degree_weights, like, own_row
 
 
 @dataclass
@@ -50,8 +50,9 @@ class Gossip(Protocol):
         x = self.initial(node.id)
         for _ in node.rounds():
             degree = len(node.in_neighbours)
-            node.broadcast("x", {"x": x, DEGREE: degree})
-            heard = await node.gather("x", timeout=self.options.timeout)
+            body = {"x": x, DEGREE: degree}
+            node.broadcast("x", body)
+            heard = await node.gather("x", timeout=self.options.timeout, valid=like(body))
             _, row = own_row(degree_weights(self.options.mixing, degree, heard))
             # w_ii x + sum_j w_ij x_j as x + sum_j w_ij (x_j - x): the same row, as w_ii = 1 - sum_j w_ij
             mixed = x.copy()

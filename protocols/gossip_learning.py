@@ -19,7 +19,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .common import STATE, LearningProtocol, SGDOptions
+from .common import STATE, LearningProtocol, SGDOptions, like
 
 MERGES = ("average", "age")
 
@@ -60,11 +60,12 @@ class GossipLearning(LearningProtocol):
         age = 0
         for _ in node.rounds():
             deadline = node.now() + o.period
+            body = {STATE: float_state(model), "age": age}
             if node.neighbours:
-                node.send(node.rng.choice(node.neighbours), "model", {STATE: float_state(model), "age": age})
+                node.send(node.rng.choice(node.neighbours), "model", body)
             heard = 0
             # A push sent in an earlier round is still a model: take every one, in arrival order.
-            while (msg := await node.recv(timeout=deadline - node.now(), kind="model")) is not None:
+            while (msg := await node.recv(timeout=deadline - node.now(), kind="model", valid=like(body))) is not None:
                 w = merge_weight(o.merge, age, msg.body["age"])
                 mix(model, 1.0 - w, [(w, msg.body[STATE])])
                 age, heard = max(age, msg.body["age"]), heard + 1

@@ -34,7 +34,7 @@ from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.training import difference, float_state, inner, loss_gradient
 
-from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows
+from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows, like, node_ids
 
 torch = LazyModule("torch")
 
@@ -158,7 +158,7 @@ class L2C(LearningProtocol):
             own = self.message(start, model, origin)
             node.broadcast("update", own, to=[j for j in node.neighbours if j in listeners])
             heard = await node.gather("update", peers=[j for j in sources if j in node.neighbours],
-                                      timeout=o.timeout)
+                                      timeout=o.timeout, valid=like(own))
             bodies = {node.id: own, **{j: m.body for j, m in heard.items()}}
             weights, val_loss = await node.compute(self.collaborate, mixer, model, start, bodies, data,
                                                    work=len(data.val_y))
@@ -192,7 +192,7 @@ class L2C(LearningProtocol):
     async def still_listening(self, node, listeners: set[int]) -> set[int]:
         """Neighbours whose T0 notice keeps i; one whose notice never came keeps getting i's updates."""
         notices = await node.gather("listening", round=self.options.prune_round, peers=sorted(listeners),
-                                    timeout=self.options.timeout)
+                                    timeout=self.options.timeout, valid=node_ids(node.num_nodes))
         return {j for j in listeners if j not in notices or node.id in notices[j].body}
 
     # -- results ---------------------------------------------------------------

@@ -46,7 +46,8 @@ from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.training import float_state, mix
 
-from .common import LearningProtocol, TimeoutOptions, TrainingOptions, check, default, last_rows, own_row
+from .common import (LearningProtocol, TimeoutOptions, TrainingOptions, check, default, expects, last_rows, like,
+                     own_row)
 
 torch = LazyModule("torch")
 # PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
@@ -263,6 +264,7 @@ class MAPL(LearningProtocol):
         views = augment.TwoViews(self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0))
         neighbours = list(node.neighbours)
         row = CollaborationRow(node.id, neighbours, len(data.train_y))
+        valid = self.expected(model, prototypes)
         for r in node.rounds():
             loss, prototypes = await node.compute(
                 pml.personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
@@ -270,12 +272,12 @@ class MAPL(LearningProtocol):
                 weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
                 work=2 * o.local_epochs * len(data.train_y))  # two views per sample
             learn_graph = not o.mapl_no_cgl and r >= self.t_thr
-            while (notice := await node.recv(timeout=0, kind=DROP)) is not None:
+            while (notice := await node.recv(timeout=0, kind=DROP, valid=like(None))) is not None:
                 row.drop(notice.src)
             current = set(node.neighbours)
             peers = [j for j in row.peers if j in current]
             node.broadcast(KIND, self.message(model, prototypes, learn_graph, r, len(data.train_y)), to=peers)
-            heard = await node.gather(KIND, peers=peers, timeout=o.timeout)
+            heard = await node.gather(KIND, peers=peers, timeout=o.timeout, valid=valid)
             row.hear(heard)
             if learn_graph:
                 row.learn(classifier_weight(model), o)
@@ -288,6 +290,12 @@ class MAPL(LearningProtocol):
             if not o.no_sparsify:
                 node.broadcast(DROP, None, to=[j for j in row.sparsify(o.zero_weight) if j in current])
             self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), heard_from)
+
+    def expected(self, model, prototypes: torch.Tensor):
+        """The check of a neighbour's message: the fields `message` may send, each like this node's own."""
+        backbone = {"backbone": float_state(model.backbone)} if self.averages_backbones else {}
+        return expects(optional=("classifier", "samples", "backbone"), prototypes=prototypes,
+                       classifier=classifier_weight(model), samples=lambda n: type(n) is int and n > 0, **backbone)
 
     def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:
         body = {"prototypes": prototypes}

@@ -28,7 +28,7 @@ from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.training import difference, float_state, mix
 
-from .common import DEGREE, STATE, degree_weights, own_row
+from .common import DEGREE, STATE, degree_weights, like, own_row
 from .l2c import L2C, L2COptions
 
 torch = LazyModule("torch")
@@ -91,7 +91,8 @@ class MetaL2C(L2C):
     async def share(self, node, mixer) -> None:
         """One gossip step towards the average encoder (Metropolis-Hastings weights)."""
         degree = len(node.neighbours)
-        node.broadcast("encoder", {STATE: float_state(mixer.encoder), DEGREE: degree})
-        heard = await node.gather("encoder", timeout=self.options.timeout)
+        body = {STATE: float_state(mixer.encoder), DEGREE: degree}
+        node.broadcast("encoder", body)
+        heard = await node.gather("encoder", timeout=self.options.timeout, valid=like(body))
         self_weight, row = own_row(degree_weights("mh", degree, heard))
         mix(mixer.encoder, self_weight, [(w, heard[j].body[STATE]) for w, j in row])

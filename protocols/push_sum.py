@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from emulator.protocol import Protocol, register
 
+from .common import like
+
 
 @dataclass
 class PushSumOptions:
@@ -24,8 +26,9 @@ class PushSum(Protocol):
         s, w = float(node.id), 1.0
         for _ in node.rounds():
             share = 1 / (len(node.neighbours) + 1)
-            node.broadcast("sw", [s * share, w * share])
-            s, w = s * share, w * share
-            for msg in (await node.gather("sw", timeout=self.options.timeout)).values():
+            body = [s * share, w * share]
+            node.broadcast("sw", body)
+            s, w = body
+            for msg in (await node.gather("sw", timeout=self.options.timeout, valid=like(body))).values():
                 s, w = s + msg.body[0], w + msg.body[1]
             node.log(estimate=s / w)

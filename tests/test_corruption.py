@@ -88,3 +88,12 @@ def test_a_corrupting_network_costs_dfedavgm_what_the_same_loss_does(tmp_path):
     assert summaries["corrupt"]["dropped_corrupt"] > 0 and summaries["corrupt"]["dropped_loss"] == 0
     accuracy = {name: s["final"]["test_acc"] for name, s in summaries.items()}
     assert abs(accuracy["corrupt"] - accuracy["loss"]) < 0.03 and abs(accuracy["corrupt"] - accuracy["clean"]) < 0.03
+
+
+def test_silent_corruption_reaches_dfedavgm_which_drops_what_it_cannot_use(tmp_path):
+    assert main([*DFEDAVGM, "--corrupt", "0.05", "--no-checksum", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["dropped_corrupt"] == 0 < summary["dropped_invalid"]
+    links = (tmp_path / "links.csv").read_text().splitlines()
+    assert links[0].endswith(",dropped_invalid")
+    assert sum(int(row.rsplit(",", 1)[1]) for row in links[1:]) == summary["dropped_invalid"]

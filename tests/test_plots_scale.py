@@ -30,7 +30,8 @@ def _links(n: int) -> list[dict]:
     """A ring both ways, each link carrying bytes that grow with its source."""
     return [{"src": i, "dst": (i + step) % n, "msgs_sent": 1, "msgs_delivered": 1, "msgs_dropped": 0,
              "bytes_sent": 100 + i, "bytes_delivered": 100 + i, "dropped_loss": 0, "dropped_offline": 0,
-             "dropped_corrupt": 0, "dropped_over_limit": 0, "dropped_link_down": 0}
+             "dropped_corrupt": 0, "dropped_over_limit": 0, "dropped_link_down": 0,
+             "dropped_invalid": 0}
             for i in range(n) for step in (1, -1)]
 
 
