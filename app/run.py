@@ -26,6 +26,7 @@ from rich.table import Table
 import topologies
 from analysis.rundir import RunDirWriter, final_metrics
 from emulator import dynamics, wire
+from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
 from emulator.compute import Compute
 from emulator.emulation import Emulation
@@ -122,11 +123,17 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                       compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
                       schedule=scenario.schedule,
                       faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
-                      nodes_change=scenario.nodes_change, checksum=not config.no_checksum)
+                      nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
+                      adversaries=_adversaries(config, n, seeds))
     availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                     if scenario.nodes_change else None)
     compute = Compute(cfg.compute_model(config, n, seeds), clock, availability)
     return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+
+
+def _adversaries(config: cfg.RunConfig, n: int, seeds: Seeds) -> Adversaries | None:
+    spec = cfg.parse_adversaries(config.adversaries)
+    return Adversaries(spec, n, seeds) if spec is not None else None
 
 
 def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> RunResult:
@@ -230,6 +237,7 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
+        **({"adversaries": sorted(adversaries.nodes)} if (adversaries := emulation.network.adversaries) else {}),
         **extra,
         **({"errors": list(failures)} if failures else {}),
     }

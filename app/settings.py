@@ -22,8 +22,10 @@ import numpy as np
 import yaml
 
 from emulator import units
-from emulator.compute import ComputeModel
+from emulator.compute import ComputeModel, physical_memory
 from emulator.errors import UsageError
+from emulator.adversaries import KINDS as ATTACKS
+from emulator.adversaries import AdversarySpec
 from emulator.links import Bernoulli, Corruption, Delay, GilbertElliott, LinkSpec
 from emulator.seeds import Seeds
 
@@ -48,6 +50,7 @@ class RunConfig:
     loss: str = "0"
     corrupt: str = "0"
     no_checksum: bool = False
+    adversaries: str = "none"
     uplink: str = "inf"
     downlink: str = "inf"
     compress: str = "none"
@@ -86,6 +89,8 @@ HELP = {
                "bit flips with that probability); with checksums the frame is dropped (cause corrupt)",
     "no_checksum": "send frames without their CRC32C: corrupted frames reach the protocol (silent corruption), "
                    "which drops what it cannot use (cause invalid)",
+    "adversaries": "fraction=0.1,kind=signflip|noise:std=1|random|nan|stale|oversize: that fraction of nodes "
+                   "(drawn from the seed; summary.json lists them) send an attack instead of their model",
     "uplink": "per-node uplink capacity shared by all its links: a rate, inf (none), "
               "uniform:low=1Mbps,high=10Mbps or lognormal:median=10Mbps,sigma=0.5 (drawn per node); "
               "a GraphML topology's node attribute uplink overrides it",
@@ -277,7 +282,7 @@ def validate(config: RunConfig) -> None:
     _choice(config.device, DEVICES, "device")
     _choice(config.compress, COMPRESSIONS, "compress")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
-                        ("bandwidth", units.rate),
+                         ("adversaries", parse_adversaries), ("bandwidth", units.rate),
                          ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
                          ("downlink", lambda text: node_rates(text, 1, np.random.default_rng())),
                          ("max_message_size", units.size), ("compute_cost", units.duration),
@@ -293,18 +298,14 @@ def _within(name: str, value: int, low: int, high: int) -> None:
     if not low <= value <= high:
         why = ""
         if name == "nodes" and value > high:
-            why = (f" (this machine's {_memory() / 2**30:.0f} GiB hold at most that many nodes at "
+            why = (f" (this machine's {physical_memory() / 2**30:.0f} GiB hold at most that many nodes at "
                    f"{NODE_FLOOR_BYTES // 1024} KiB each, the emulator's own state)")
         raise ConfigError(f"{flag(name)} {str(value):.40}: must be within {low}..{high}{why}")
 
 
-def _memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def max_nodes() -> int:
     """The most nodes this machine's memory can hold, at the emulator's own floor per node."""
-    return _memory() // NODE_FLOOR_BYTES
+    return physical_memory() // NODE_FLOOR_BYTES
 
 
 _DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
@@ -352,6 +353,27 @@ def parse_corrupt(text: str | float) -> Corruption:
     if isinstance(text, str) and text.strip().startswith("ber:"):
         return Corruption(ber=units.probability(text.strip()[4:]))
     return Corruption(p=units.probability(text))
+
+
+def parse_adversaries(text: str) -> AdversarySpec | None:
+    """'none', or 'fraction=0.1,kind=signflip' (kind noise takes noise:std=S)."""
+    if str(text).strip().lower() in ("none", "", "0"):
+        return None
+    fields = dict(item.strip().partition("=")[::2] for item in str(text).split(","))
+    kind, _, params = fields.pop("kind", "").partition(":")
+    if set(fields) != {"fraction"} or kind not in ATTACKS:
+        raise units.UnitError(f"adversaries {text!r:.60}: expected fraction=F,kind=K with K one of "
+                              f"{', '.join(ATTACKS)}")
+    std = 1.0
+    if params:
+        name, _, value = params.partition("=")
+        try:
+            std = float(value) if name == "std" and kind == "noise" else math.nan
+        except ValueError:
+            std = math.nan
+        if not 0 <= std < math.inf:
+            raise units.UnitError(f"adversaries {text!r:.60}: only noise takes a parameter, std=S (finite, >= 0)")
+    return AdversarySpec(units.probability(fields["fraction"]), kind, std)
 
 
 def link_spec(config: RunConfig) -> LinkSpec:

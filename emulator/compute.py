@@ -1,6 +1,8 @@
 """Compute jobs on the shared executor, and the emulated time they are charged."""
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,3 +53,8 @@ class Compute:
         if model.kind == "measured":
             return self.clock.submit(fn, args, None, model.factor * slowdown)
         return self.clock.submit(fn, args, work * model.cost_per_unit * slowdown)
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine: what a run's state must fit in."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

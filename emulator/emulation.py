@@ -7,7 +7,7 @@ from typing import Callable
 
 from .compute import Compute
 from .network import Network
-from .node import Node, NodeContext
+from .node import Node, NodeContext, handle_of
 from .protocol import Protocol
 from .recorder import Recorder
 from .seeds import Seeds
@@ -39,7 +39,7 @@ class Emulation:
             return
         self._running.add(node.id)
         try:
-            await node_main(node)
+            await node_main(handle_of(node))
         except asyncio.CancelledError:
             if node.id not in crashed:
                 raise

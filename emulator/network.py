@@ -101,10 +101,11 @@ class Network:
                  edge_specs: dict[tuple[int, int], LinkSpec] | None = None,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
-                 nodes_change: bool = False, checksum: bool = True):
+                 nodes_change: bool = False, checksum: bool = True, adversaries=None):
         self.clock, self.ledger, self.spec, self.seeds = clock, ledger, spec, seeds
         self.edge_specs = edge_specs or {}
         self.compress, self.max_message_bytes, self.checksum = compress, max_message_bytes, checksum
+        self.adversaries = adversaries  # Adversaries: chosen senders' bodies are replaced by an attack
         self.num_nodes = n = graph.number_of_nodes()
         self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
         self.downlinks = [Capacity(rate) for rate in _per_node(downlink, n)]
@@ -167,15 +168,24 @@ class Network:
 
     # -- sending ----------------------------------------------------------
     def send(self, src: int, dst: int, kind: str, rnd: int, body: Any) -> None:
+        body = self._as_sent(src, kind, body)
         frame = wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src), checksum=self.checksum)
         self.transmit(src, dst, kind, rnd, frame)
 
     def broadcast(self, src: int, dsts: list[int], kind: str, rnd: int, body: Any) -> None:
         """Encode once: every receiver shares the immutable frame and decodes its own copy when it takes it."""
+        body = self._as_sent(src, kind, body)
         frame = bytes(wire.encode([kind, rnd, body], compress=self.compress, rng=self._wire_rng(src),
                                   checksum=self.checksum))
         for dst in dsts:
             self.transmit(src, dst, kind, rnd, frame)
+
+    def _as_sent(self, src: int, kind: str, body: Any) -> Any:
+        """The body, or an adversary's attack in its place."""
+        adversaries = self.adversaries
+        if adversaries is None or src not in adversaries.nodes:
+            return body
+        return adversaries.tamper(src, kind, body)
 
     def _wire_rng(self, src: int):
         """The sender's own generator for quantising compressors (None for the others: they draw nothing)."""

@@ -1,8 +1,17 @@
-"""The node: the one surface a protocol sees, built on a narrow context of its own."""
+"""The node: the one surface a protocol sees, built on a narrow context of its own.
+
+A protocol gets a NodeHandle, never the Node: the handle has the node API and no
+attributes at all (no __dict__, no slots but __weakref__), and its Node sits in a table that only
+the handle's own functions close over. `node._network`, `vars(node)` and friends fail, so
+a protocol cannot reach other nodes' mailboxes, list the nodes or send as another node.
+(Python has no true privacy: gc and closure introspection still reach everything; the
+handle closes the paths a protocol could take by accident or by habit.)
+"""
 from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -252,3 +261,44 @@ class _Awaited:
 def _expire(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(False)
+
+
+# -- the handle protocols get ------------------------------------------------------
+
+PROPERTIES = ("id", "round", "seeds", "rng", "np_rng", "torch_generator", "neighbours", "in_neighbours", "online",
+              "num_nodes")
+METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "compute", "rounds", "log", "snapshot", "record")
+
+
+def _handle_type():
+    """The NodeHandle class, and the function that makes a handle of a Node."""
+    nodes: dict[int, Node] = {}  # id(handle) -> Node; reachable only through the closures below
+
+    def delegated_property(name: str) -> property:
+        member = vars(Node).get(name)  # a property, or (id) an instance attribute
+        return property(lambda handle: getattr(nodes[id(handle)], name),
+                        doc=member.__doc__ if isinstance(member, property) else None)
+
+    def delegated_method(name: str):
+        method = getattr(Node, name)
+
+        def call(handle, *args, **kwargs):
+            return method(nodes[id(handle)], *args, **kwargs)
+        call.__name__, call.__doc__ = name, method.__doc__
+        return call
+
+    namespace = {name: delegated_property(name) for name in PROPERTIES}
+    namespace.update({name: delegated_method(name) for name in METHODS})
+    namespace.update(__slots__=("__weakref__",), __repr__=lambda handle: repr(nodes[id(handle)]),
+                     __doc__="The node API a protocol sees (see Node); nothing else is reachable through it.")
+    handle_type = type("NodeHandle", (), namespace)
+
+    def handle_of(node: Node):
+        handle = handle_type()
+        nodes[id(handle)] = node
+        weakref.finalize(handle, nodes.pop, id(handle))  # the table never outlives a run's handles
+        return handle
+    return handle_type, handle_of
+
+
+NodeHandle, handle_of = _handle_type()

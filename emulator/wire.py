@@ -47,6 +47,7 @@ MAX_HEADER = 1 << (64 - _DATA_BITS)
 MAX_DATA = 1 << _DATA_BITS
 MAX_DIMS = 32  # numpy's own limit is 64
 MAX_DIM = 1 << 48
+MAX_DESCRIPTOR = 1024  # bytes of a tensor's [dtype, shape, offset, nbytes, ...]: 32 dims fit in ~330
 _ALIGN = 16  # >= every itemsize, so tensors start element-aligned in a malloc'd buffer
 _ZEROS = bytes(_ALIGN)
 _TORCH, _NUMPY, _LOSSY = 1, 2, 3  # msgpack ext type codes
@@ -293,6 +294,8 @@ class _Decoder:
         self.end = 0  # where the previous tensor ended in the data region
 
     def ext_hook(self, code: int, payload: bytes):
+        if len(payload) > MAX_DESCRIPTOR:  # before unpacking it: a long shape list costs its length to parse
+            raise WireError(f"tensor descriptor of {len(payload)} bytes (at most {MAX_DESCRIPTOR})")
         fields = msgpack.unpackb(payload)
         if type(fields) is not list or len(fields) != _FIELDS.get(code):
             raise WireError(f"bad ext type {code} with payload {fields!r:.80}")

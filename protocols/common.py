@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from emulator.compute import physical_memory
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
@@ -99,6 +100,36 @@ class MixingOptions(TimeoutOptions):
     def validate(self):
         super().validate()
         check("mixing", repr(self.mixing), self.mixing in ("mh", "uniform"), "choose mh or uniform")
+
+
+AGGREGATES = ("mean", "median", "trimmed", "krum")
+
+
+@dataclass
+class RobustMixingOptions(MixingOptions):
+    """Averaging that may be robust: mean (the mixing weights), or median, trimmed:0.2, krum:f=1 over the
+    node's own model and those it heard, with equal weights."""
+    aggregate: str = field(default="mean", metadata=_help(
+        "how a node combines its model with its neighbours': mean (the mixing weights), median, trimmed:BETA "
+        "(coordinate-wise mean without the BETA fraction of largest and of smallest values) or krum:f=F"))
+
+    def validate(self):
+        super().validate()
+        rule, param = self.robust_rule
+        check("aggregate", repr(self.aggregate), rule in AGGREGATES and param >= 0 and (rule != "trimmed" or param < 0.5),
+              "choose mean, median, trimmed:BETA with 0 <= BETA < 0.5, or krum:f=F with F >= 0")
+
+    @property
+    def robust_rule(self) -> tuple[str, float]:
+        """(rule, parameter): trimmed's fraction or krum's f; -1 when unreadable."""
+        rule, _, text = self.aggregate.partition(":")
+        text = text.removeprefix("f=") if rule == "krum" else text
+        default_param = {"trimmed": 0.2, "krum": 1.0}.get(rule, 0.0)
+        try:
+            param = float(text) if text else default_param
+        except ValueError:
+            param = -1.0
+        return rule, param if math.isfinite(param) else -1.0
 
 
 # -- a node's row of W
@@ -186,6 +217,9 @@ def node_ids(num_nodes: int) -> Check:
 class LearningProtocol(Protocol):
     """A protocol over a Workload: every node gets its data split and its own model."""
     averages_models = False  # then every node needs the same architecture
+    # Bytes of state per node in models' worth of parameters, from ./dev bench memory (cnn-small):
+    # DFedAvgM 4.1, MAPL 3.0, L2C 7.2, meta-L2C 11, Local 1.0. A run that cannot fit is refused.
+    state_copies = 4.0
 
     def __init__(self, options, env, **workload):
         super().__init__(options, env)
@@ -194,6 +228,17 @@ class LearningProtocol(Protocol):
                                      **workload)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
+        self.check_memory()
+
+    def check_memory(self) -> None:
+        """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate."""
+        model = self.workload.model(0)
+        parameters = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        need, have = self.env.num_nodes * self.state_copies * parameters, physical_memory()
+        if need > have:
+            raise UsageError(f"--nodes {self.env.num_nodes}: needs about {need / 2**30:.0f} GiB of model state "
+                             f"({self.state_copies:g} copies of {parameters / 2**20:.1f} MiB per node), more than "
+                             f"this machine's {have / 2**30:.0f} GiB")
 
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""

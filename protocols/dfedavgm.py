@@ -6,7 +6,8 @@ Each round, node i:
   3. mixes x_i <- w_ii x_i + sum_{j heard} w_ij x_j with its Metropolis-Hastings
      (or uniform) row; a neighbour not heard from before the timeout (offline,
      link down, straggling) gives its weight back to i. Only floating-point
-     tensors are averaged.
+     tensors are averaged. With --aggregate median, trimmed:BETA or krum:f=F,
+     step 3 is that robust rule over x_i and the models heard, equally weighted.
 On a directed graph (e.g. --topology-schedule one-peer-exponential) a node sends
 to its out-neighbours and mixes what its in-neighbours sent, with degrees counted
 as in-degrees (one-peer exponential: half its own model, half the one received).
@@ -16,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.protocol import register
-from workloads.training import float_state, mix
+from workloads.training import aggregate, float_state, mix
 
-from .common import DEGREE, STATE, LearningProtocol, MixingOptions, SGDOptions, degree_weights, like, own_row
+from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, degree_weights, like, own_row
 
 
 @dataclass
-class DFedAvgMOptions(MixingOptions, SGDOptions):
+class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
     pass
 
 
@@ -47,6 +48,10 @@ class DFedAvgM(LearningProtocol):
         body = {STATE: float_state(model), DEGREE: degree}
         node.broadcast("model", body)  # 2
         heard = await node.gather("model", timeout=o.timeout, valid=like(body))
-        self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
-        mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+        rule, param = o.robust_rule
+        if rule == "mean":
+            self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
+            mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+        else:  # a robust rule in place of step 3's weighted mean
+            aggregate(model, [message.body[STATE] for message in heard.values()], rule, param)
         return len(heard)

@@ -127,6 +127,7 @@ class L2C(LearningProtocol):
     """L2C: personal models mix neighbours' updates with weights learnt on a validation split; prunes at T0."""
     Options = L2COptions
     averages_models = True
+    state_copies = 7.2
 
     # -- what L2C and meta-L2C do differently ---------------------------------
     def mixer(self, node, model):

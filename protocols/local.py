@@ -17,6 +17,7 @@ class LocalOptions(SGDOptions):
 class Local(LearningProtocol):
     """Local training only; sends nothing."""
     Options = LocalOptions
+    state_copies = 1.0
 
     async def run(self, node):
         model, data = self.workload.model(node.id), self.workload.data(node.id)

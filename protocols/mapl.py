@@ -248,6 +248,7 @@ def classifier_weight(model) -> torch.Tensor:
 class MAPL(LearningProtocol):
     """MAPL: heterogeneous models aligned by shared prototypes, with a learned collaboration graph."""
     Options = MapLOptions
+    state_copies = 3.0
     averages_backbones = False
 
     def __init__(self, options, env):

@@ -75,6 +75,7 @@ class Attention:
 class MetaL2C(L2C):
     """Meta-L2C: L2C with weights from a gossip-averaged encoder of each model's change since the start."""
     Options = MetaL2COptions
+    state_copies = 11.0
 
     def mixer(self, node, model):
         o = self.options

@@ -22,12 +22,18 @@ FLAGS = {  # case: (base, flags, what the line must name)
     "compute speed nan": (GOSSIP, ["--compute-speed", "uniform:low=nan,high=2"], "--compute-speed"),
     "seed beyond 64 bits": (DFEDAVGM, ["--seed", str(2**70)], "--seed"),
     "too many nodes": (GOSSIP, ["--nodes", "10000000"], "--nodes"),
+    "models beyond memory": (DFEDAVGM, ["--nodes", "100000", "--topology", "ring"], "GiB of model state"),
     "time scale inf": (GOSSIP, ["--clock", "real", "--time-scale", "inf"], "--time-scale"),
     "bandwidth nan": (GOSSIP, ["--bandwidth", "nan"], "--bandwidth"),
     "loss nan": (GOSSIP, ["--loss", "nan"], "--loss"),
     "corrupt nan": (GOSSIP, ["--corrupt", "nan"], "--corrupt"),
     "rounds huge": (GOSSIP, ["--rounds", str(2**70)], "--rounds"),
     "long input is cut": (GOSSIP, ["--latency", "x" * 5000], "--latency"),
+    "adversary fraction": (GOSSIP, ["--adversaries", "fraction=2,kind=signflip"], "--adversaries"),
+    "adversary kind": (GOSSIP, ["--adversaries", "fraction=0.1,kind=evil"], "--adversaries"),
+    "adversary noise nan": (GOSSIP, ["--adversaries", "fraction=0.1,kind=noise:std=nan"], "--adversaries"),
+    "aggregate trimmed too far": (DFEDAVGM, ["--aggregate", "trimmed:0.5"], "--aggregate"),
+    "aggregate unknown": (DFEDAVGM, ["--aggregate", "mode"], "--aggregate"),
 }
 
 CONFIG_FILES = {  # case: (file name, content, what the line must name)

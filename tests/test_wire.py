@@ -351,7 +351,7 @@ def test_tampered_compressed_descriptor(codec, scale, as_numpy, name):
 
 
 def test_a_long_shape_list_fails_before_any_arithmetic_on_it():
-    """A compressed tensor's header with a 1 MB shape list: refused on its length, not after math.prod."""
+    """A compressed tensor's header with a 1 MB shape list: refused on its length, before it is even unpacked."""
     frame = bytes(encode({"w": torch.randn(3, 5)}, compress="q8", rng=np.random.default_rng(0)))
     header, data = split(frame)
     fields = msgpack.unpackb(header["w"].data)
@@ -359,9 +359,9 @@ def test_a_long_shape_list_fails_before_any_arithmetic_on_it():
     tampered = join(header, data)
     assert len(tampered) > 1_000_000
     start = time.perf_counter()
-    with pytest.raises(WireError, match="bad shape"):
+    with pytest.raises(WireError, match="descriptor"):
         decode(tampered)
-    assert time.perf_counter() - start < 0.05  # was 27.8 s: quadratic in the frame size
+    assert time.perf_counter() - start < 0.01  # was 27.8 s: quadratic in the frame size
 
 
 @pytest.mark.parametrize("compress", ["fp16", "bf16"])

@@ -69,6 +69,45 @@ def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, d
             value.copy_(mixed)
 
 
+def aggregate(module: torch.nn.Module, others: list[dict], rule: str, param: float) -> None:
+    """x <- a robust aggregate of {x} and the neighbours' states, in place, with equal weights.
+
+    median: coordinate-wise median; trimmed: coordinate-wise mean after dropping the
+    fraction `param` of largest and of smallest values (at least one each when any is
+    dropped); krum: the candidate (own state included) with the least summed squared
+    distance to its m - f - 2 nearest others, f = `param` (Blanchard et al., 2017).
+    """
+    if not others:
+        return
+    state = module.state_dict()
+    names = list(others[0])
+    with torch.no_grad():
+        stacks = {name: torch.stack([state[name].float(), *(o[name].float() for o in others)]) for name in names}
+        if rule == "krum":
+            chosen = _krum(torch.cat([stack.flatten(1) for stack in stacks.values()], 1), int(param))
+            values = {name: stack[chosen] for name, stack in stacks.items()}
+        else:
+            values = {name: _coordinate_wise(stack, rule, param) for name, stack in stacks.items()}
+        for name, value in values.items():
+            state[name].copy_(value.to(state[name].dtype))
+
+
+def _coordinate_wise(stack: torch.Tensor, rule: str, trim: float) -> torch.Tensor:
+    ordered = stack.sort(0).values
+    m = ordered.shape[0]
+    if rule == "median":
+        return (ordered[(m - 1) // 2] + ordered[m // 2]) / 2
+    cut = min(int(trim * m), (m - 1) // 2)
+    return ordered[cut:m - cut].mean(0)
+
+
+def _krum(points: torch.Tensor, f: int) -> int:
+    distances = torch.cdist(points, points).square()
+    nearest = max(1, points.shape[0] - f - 2)
+    scores = distances.sort(1).values[:, 1:nearest + 1].sum(1)  # column 0: the point itself
+    return int(scores.argmin())
+
+
 def flat(state: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(-1).float() for v in state.values()])
 
