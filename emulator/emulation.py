@@ -7,7 +7,7 @@ from typing import Callable
 
 from .compute import Compute
 from .network import Network
-from .node import Node, NodeContext, handle_of
+from .node import Node, NodeContext, handle_maker
 from .protocol import Protocol
 from .recorder import Recorder
 from .seeds import Seeds
@@ -26,6 +26,7 @@ class Emulation:
             availability.on_crash = self._crash
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds)) for i in range(n)]
         self.tasks: dict[int, asyncio.Task] = {}
+        self._handle_of = handle_maker()  # what a protocol gets: the node API only
         self._running: set[int] = set()
 
     def _crash(self, node: int) -> None:
@@ -39,7 +40,7 @@ class Emulation:
             return
         self._running.add(node.id)
         try:
-            await node_main(handle_of(node))
+            await node_main(self._handle_of(node))
         except asyncio.CancelledError:
             if node.id not in crashed:
                 raise

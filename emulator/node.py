@@ -1,7 +1,7 @@
 """The node: the one surface a protocol sees, built on a narrow context of its own.
 
 A protocol gets a NodeHandle, never the Node: the handle has the node API and no
-attributes at all (no __dict__, no slots but __weakref__), and its Node sits in a table that only
+attributes at all (no __dict__, empty __slots__), and its Node sits in a table that only
 the handle's own functions close over. `node._network`, `vars(node)` and friends fail, so
 a protocol cannot reach other nodes' mailboxes, list the nodes or send as another node.
 (Python has no true privacy: gc and closure introspection still reach everything; the
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -270,8 +269,9 @@ PROPERTIES = ("id", "round", "seeds", "rng", "np_rng", "torch_generator", "neigh
 METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "compute", "rounds", "log", "snapshot", "record")
 
 
-def _handle_type():
-    """The NodeHandle class, and the function that makes a handle of a Node."""
+def handle_maker():
+    """A function that makes a handle of a Node; an emulation makes its own, so its table of
+    nodes goes with it (one class per run: no per-node bookkeeping to free the entries)."""
     nodes: dict[int, Node] = {}  # id(handle) -> Node; reachable only through the closures below
 
     def delegated_property(name: str) -> property:
@@ -289,16 +289,12 @@ def _handle_type():
 
     namespace = {name: delegated_property(name) for name in PROPERTIES}
     namespace.update({name: delegated_method(name) for name in METHODS})
-    namespace.update(__slots__=("__weakref__",), __repr__=lambda handle: repr(nodes[id(handle)]),
+    namespace.update(__slots__=(), __repr__=lambda handle: repr(nodes[id(handle)]),
                      __doc__="The node API a protocol sees (see Node); nothing else is reachable through it.")
     handle_type = type("NodeHandle", (), namespace)
 
     def handle_of(node: Node):
         handle = handle_type()
-        nodes[id(handle)] = node
-        weakref.finalize(handle, nodes.pop, id(handle))  # the table never outlives a run's handles
+        nodes[id(handle)] = node  # the handle lives as long as the run: ids stay unique in the table
         return handle
-    return handle_type, handle_of
-
-
-NodeHandle, handle_of = _handle_type()
+    return handle_of
