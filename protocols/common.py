@@ -213,6 +213,11 @@ def _of_type(kind: type) -> Check:
     return lambda v: isinstance(v, kind)
 
 
+def positive_int(value) -> bool:
+    """A count such as a sender's number of samples."""
+    return type(value) is int and value > 0
+
+
 def node_ids(num_nodes: int) -> Check:
     """A list of node ids, e.g. L2C's notice of whom a node still listens to."""
     return lambda v: isinstance(v, list) and all(type(j) is int and 0 <= j < num_nodes for j in v)

@@ -20,11 +20,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import float_state, mix
 
-from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, like
-
-
-def _positive(samples) -> bool:
-    return type(samples) is int and samples > 0
+from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, positive_int
 
 
 @dataclass
@@ -95,7 +91,7 @@ class FedAvg(LearningProtocol):
             # only that the server is down.
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sampled, timeout=o.timeout,
-                                        valid=expects(**{STATE: float_state(model), "samples": _positive}))
+                                        valid=expects(**{STATE: float_state(model), "samples": positive_int}))
             average(model, [(m.body["samples"], m.body[STATE]) for m in updates.values()])
             scores = await self.evaluate(node, model, test) if test is not None else {}
             node.log(heard_from=len(updates), **scores)
@@ -130,8 +126,8 @@ class FedAvg(LearningProtocol):
         round ahead and misses its models. A message of an earlier round is dropped but restarts the
         wait: the server is alive and catching up after it was offline.
         """
-        state = like(float_state(model))  # the server's model is the clients' architecture
-        valid = lambda body: body is None or (isinstance(body, dict) and body.keys() == {STATE} and state(body[STATE]))  # noqa: E731
+        model_body = expects(**{STATE: float_state(model)})  # the server's model is the clients' architecture
+        valid = lambda body: body is None or model_body(body)  # noqa: E731 - None: not sampled this round
         while (message := await node.recv(timeout=2 * self.options.timeout, kind="model", valid=valid)) is not None:
             if message.round >= node.round:
                 return message

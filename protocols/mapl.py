@@ -47,7 +47,7 @@ from workloads.lazy import LazyModule
 from workloads.training import float_state, mix
 
 from .common import (LearningProtocol, TimeoutOptions, TrainingOptions, check, default, expects, last_rows, like,
-                     own_row)
+                     own_row, positive_int)
 
 torch = LazyModule("torch")
 # PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
@@ -296,7 +296,7 @@ class MAPL(LearningProtocol):
         """The check of a neighbour's message: the fields `message` may send, each like this node's own."""
         backbone = {"backbone": float_state(model.backbone)} if self.averages_backbones else {}
         return expects(optional=("classifier", "samples", "backbone"), prototypes=prototypes,
-                       classifier=classifier_weight(model), samples=lambda n: type(n) is int and n > 0, **backbone)
+                       classifier=classifier_weight(model), samples=positive_int, **backbone)
 
     def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:
         body = {"prototypes": prototypes}
