@@ -19,7 +19,7 @@ from typing import Any
 
 from emulator import wire
 from emulator.clock import DeadlockError
-from emulator.errors import UsageError
+from emulator.errors import UsageError, WorkerLost
 from emulator.protocol import protocols
 from emulator.units import UnitError
 
@@ -158,6 +158,9 @@ def _main(argv: list[str]) -> int:
         return 2
     except LateFailure as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)
+        return 1
+    except WorkerLost as exc:  # a Ray worker died: its nodes' state is gone, the closed rounds are on disk
+        print(f"emulate: error: {one_line(str(exc))}; the run directory holds the closed rounds", file=sys.stderr)
         return 1
     except DeadlockError as exc:  # a protocol that waits with no timeout: its bug, not bad input
         print(f"emulate: error: {exc}; the run directory is incomplete", file=sys.stderr)

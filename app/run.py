@@ -9,7 +9,7 @@ _ for -); the CLI and the sweeps are layers over it.
 """
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
 import shutil
 import time
 import warnings
@@ -28,7 +28,7 @@ from analysis.rundir import RunDirWriter, final_metrics
 from emulator import dynamics, wire
 from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
-from emulator.compute import Compute
+from emulator.compute import Compute, ThreadExecutor, peak_rss
 from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.ledger import Ledger
@@ -108,13 +108,13 @@ def build_topology(config: cfg.RunConfig):
 
 
 def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
-                    executor: concurrent.futures.Executor, scenario: dynamics.Scenario | None = None,
+                    executor, scenario: dynamics.Scenario | None = None,
                     on_round=lambda rnd, now: None) -> Emulation:
     """The clock, network, compute and availability the settings ask for, and the emulation over them."""
     n = graph.number_of_nodes()
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
     seeds = Seeds(config.seed)
-    clock = RealClock(executor, config.time_scale) if config.clock == "real" else VirtualClock(executor)
+    clock = RealClock(config.time_scale) if config.clock == "real" else VirtualClock()
     spec = cfg.link_spec(config)
     network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
                       edge_specs=cfg.edge_specs(graph, spec),
@@ -127,8 +127,18 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                       adversaries=_adversaries(config, n, seeds))
     availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                     if scenario.nodes_change else None)
-    compute = Compute(cfg.compute_model(config, n, seeds), clock, availability)
+    compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
     return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+
+
+def make_executor(config: cfg.RunConfig):
+    """Where the nodes' jobs run: threads here, or Ray workers (started or joined here)."""
+    if config.executor == "ray":
+        from emulator.cluster import RayExecutor
+
+        return RayExecutor(address=config.ray_address.strip(), workers=config.ray_workers,
+                           cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
+    return ThreadExecutor(cfg.workers(config))
 
 
 def _adversaries(config: cfg.RunConfig, n: int, seeds: Seeds) -> Adversaries | None:
@@ -145,20 +155,21 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     existed = out_dir.exists()
     prepare_out_dir(out_dir, config.overwrite)
     writer = RunDirWriter(out_dir)
-    executor = concurrent.futures.ThreadPoolExecutor(cfg.workers(config), thread_name_prefix="compute")
     progress, task = _progress(console, config)  # shown once the rounds start
 
     def on_round(rnd: int, now: float) -> None:
         stream.round_closed(rnd)
         progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
-    with executor, writer:
+    with writer, contextlib.ExitStack() as resources:
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             writer.config({**asdict(config), **asdict(options)})
             env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
             protocol = protocol_cls(options, env)
+            executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
         except UsageError:
+            resources.close()
             writer.close()
             _discard(out_dir, existed)
             raise
@@ -172,7 +183,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             raise
         wall = time.perf_counter() - start
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
-        summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest}
+        summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest,
+                   "executor": {**executor.stats(), "driver_peak_rss": peak_rss()}}
         stream.finish(rows, summary)
     if not config.no_plots:
         from analysis.plots import plot_run

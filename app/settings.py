@@ -67,6 +67,11 @@ class RunConfig:
     topology_schedule: str = "none"
     device: str = "cpu"
     workers: int = 0
+    executor: str = "thread"
+    ray_address: str = ""
+    ray_workers: int = 0
+    ray_cpus_per_worker: float = 1.0
+    ray_gpus_per_worker: float = 0.0
     out: str = ""
     overwrite: bool = False
     trace: bool = False
@@ -117,6 +122,12 @@ HELP = {
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
     "workers": "executor threads (0: one per CPU core)",
+    "executor": "where nodes' compute jobs run: thread (this process) or ray (Ray workers; pip install -e '.[ray]')",
+    "ray_address": "ray: a running cluster, auto or HOST:PORT (unset: start a local Ray on this machine's cores)",
+    "ray_workers": "ray: worker processes, each holding its nodes' models and data (0: one per CPU of the cluster, "
+                   "as --ray-cpus-per-worker allows)",
+    "ray_cpus_per_worker": "ray: CPUs each worker reserves (also its torch threads)",
+    "ray_gpus_per_worker": "ray: GPUs each worker reserves; a fraction (0.25) lets workers share a GPU",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>); it must not hold files yet",
     "overwrite": "clear an --out directory that holds files (an earlier run) before writing",
     "trace": "write messages.jsonl with one row per message",
@@ -136,6 +147,7 @@ NODE_FLOOR_BYTES = 10 * 1024
 CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
+EXECUTORS = ("thread", "ray")
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
 
@@ -280,6 +292,8 @@ def validate(config: RunConfig) -> None:
     _choice(config.clock, CLOCKS, "clock")
     _choice(config.compute_time, COMPUTE_TIMES, "compute-time")
     _choice(config.device, DEVICES, "device")
+    _choice(config.executor, EXECUTORS, "executor")
+    check_ray(config)
     _choice(config.compress, COMPRESSIONS, "compress")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
                          ("adversaries", parse_adversaries), ("bandwidth", units.rate),
@@ -292,6 +306,27 @@ def validate(config: RunConfig) -> None:
         except units.UnitError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
     check_dynamics(config)
+
+
+def check_ray(config: RunConfig) -> None:
+    """The --ray-* flags: set only with --executor ray, and each in its range."""
+    ray_flags = ("ray_address", "ray_workers", "ray_cpus_per_worker", "ray_gpus_per_worker")
+    if config.executor != "ray":
+        changed = [name for name in ray_flags if getattr(config, name) != getattr(RunConfig, name)]
+        if changed:
+            raise ConfigError(f"{flag(changed[0])}: applies to --executor ray only")
+        return
+    _within("ray_workers", config.ray_workers, 0, MAX_WORKERS)
+    if not 0 < config.ray_cpus_per_worker <= 1024:
+        raise ConfigError(f"--ray-cpus-per-worker {config.ray_cpus_per_worker}: must be within (0, 1024]")
+    if not 0 <= config.ray_gpus_per_worker <= 64:
+        raise ConfigError(f"--ray-gpus-per-worker {config.ray_gpus_per_worker}: must be within [0, 64]")
+    address = config.ray_address.strip()
+    host, _, port = address.rpartition(":")
+    if address not in ("", "auto") and not (host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"--ray-address {config.ray_address!r:.60}: expected auto or HOST:PORT")
+    if config.device == "cuda":
+        raise ConfigError("--device cuda: with --executor ray, give workers GPUs with --ray-gpus-per-worker")
 
 
 def _within(name: str, value: int, low: int, high: int) -> None:

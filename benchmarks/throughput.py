@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import time
 
 import networkx as nx
 from rich.console import Console
 from rich.table import Table
 
+from emulator.compute import ThreadExecutor
 from app.run import build_emulation
 from app.settings import RunConfig
 from emulator.protocol import NoOptions, Protocol
@@ -55,7 +55,7 @@ def spread_rate(nodes: int, count: int, degree: int = 4) -> float:
     """Messages per second of Spread over a random `degree`-regular graph of `nodes` nodes."""
     Spread.count = count
     graph = nx.random_regular_graph(degree, nodes, seed=0)
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+    with ThreadExecutor(1) as executor:
         emulation = build_emulation(RunConfig(latency="1ms", bandwidth="1Gbps"), graph, Spread(NoOptions(), None),
                                     executor)
         start = time.perf_counter()
@@ -68,7 +68,7 @@ def spread_rate(nodes: int, count: int, degree: int = 4) -> float:
 def emulator_rate(count: int) -> float:
     Blast.count = count
     config = RunConfig(latency="1ms", bandwidth="1Gbps")
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+    with ThreadExecutor(1) as executor:
         emulation = build_emulation(config, nx.path_graph(2), Blast(NoOptions(), None), executor)
         start = time.perf_counter()
         emulation.run()

@@ -25,7 +25,6 @@ import heapq
 import itertools
 import math
 import selectors
-import time
 from collections import deque
 from typing import Any, Callable, Coroutine
 
@@ -109,20 +108,13 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
         pass
 
 
-def _timed(fn, args):
-    start = time.perf_counter()
-    result = fn(*args)
-    return result, time.perf_counter() - start
-
-
 class VirtualClock:
     """Emulated time: idle waiting costs no wall time; compute is charged, not timed."""
 
     name = "virtual"
 
-    def __init__(self, executor: concurrent.futures.Executor):
+    def __init__(self):
         self.now = 0.0
-        self.executor = executor
         self._unsettled: deque[_Job] = deque()
         # Uncancellable events (deliveries, job results): plain tuples, far cheaper than loop timers.
         self._events: list[tuple] = []
@@ -143,13 +135,13 @@ class VirtualClock:
         """Run callback(*args) at emulated time `when`; events due together run in scheduling order."""
         heapq.heappush(self._events, (when, next(self._sequence), callback, args))
 
-    def submit(self, fn: Callable, args: tuple, charged: float | None, factor: float = 1.0) -> asyncio.Future:
-        """Run fn(*args) on the executor; resolve at now + charged emulated seconds.
+    def submit(self, job: concurrent.futures.Future, charged: float | None, factor: float = 1.0) -> asyncio.Future:
+        """A started job's (result, wall seconds), resolved at now + charged emulated seconds.
 
         With charged=None the job is charged its measured wall time times `factor`.
         """
         waiter = self.loop.create_future()
-        job = _Job(self.executor.submit(_timed, fn, args), self.now, factor, waiter)
+        job = _Job(job, self.now, factor, waiter)
         if charged is None:
             self._unsettled.append(job)
         else:
@@ -201,10 +193,10 @@ class RealClock:
 
     name = "real"
 
-    def __init__(self, executor: concurrent.futures.Executor, scale: float = 1.0):
+    def __init__(self, scale: float = 1.0):
         import uvloop
 
-        self.executor, self.scale = executor, scale
+        self.scale = scale
         self.loop = uvloop.new_event_loop()
         self._origin = self.loop.time()
 
@@ -224,12 +216,12 @@ class RealClock:
 
     schedule = call_at
 
-    def submit(self, fn: Callable, args: tuple, charged: float | None, factor: float = 1.0) -> asyncio.Future:
-        return asyncio.ensure_future(self._job(fn, args, charged, factor), loop=self.loop)
+    def submit(self, job: concurrent.futures.Future, charged: float | None, factor: float = 1.0) -> asyncio.Future:
+        return asyncio.ensure_future(self._job(job, charged, factor), loop=self.loop)
 
-    async def _job(self, fn, args, charged, factor):
+    async def _job(self, job, charged, factor):
         start = self.now
-        result, wall = await self.loop.run_in_executor(self.executor, _timed, fn, args)
+        result, wall = await asyncio.wrap_future(job, loop=self.loop)
         # A job charged more than it took waits out the rest, so stragglers stay slow.
         cost = wall * factor if charged is None else charged
         remaining = (start + cost - self.now) / self.scale

@@ -1,10 +1,20 @@
-"""Compute jobs on the shared executor, and the emulated time they are charged."""
+"""Compute jobs on an executor, the state they run on, and the emulated time they are charged.
+
+A node's model, data and random generator are *resident*: `node.keep(value)` puts
+them where the node's jobs run (this process's threads, or a Ray worker) and hands
+back a Resident handle. A job names handles among its arguments; the executor
+resolves each to the object it holds for that node before calling the job. So a
+protocol never holds a live model on the emulator's side, and on a cluster only
+what a job takes and returns travels.
+"""
 from __future__ import annotations
 
+import concurrent.futures
 import os
-
+import resource
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from .clock import sleep
 
@@ -22,23 +32,111 @@ class ComputeModel:
     slowdowns: tuple[float, ...]
 
 
+class Resident:
+    """A handle to an object a node keeps where its jobs run; `handle.attr` is a handle to its attribute."""
+    __slots__ = ("node", "key", "path", "length")
+
+    def __init__(self, node: int, key: int, path: tuple[str, ...] = (), length: int | None = None):
+        self.node, self.key, self.path, self.length = node, key, path, length
+
+    def __getattr__(self, name: str) -> "Resident":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return Resident(self.node, self.key, (*self.path, name))
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("len() of a resident object: keep it with a length (a tensor's first dimension)")
+        return self.length
+
+    def __repr__(self):
+        return f"Resident(node {self.node}, #{self.key}{''.join('.' + p for p in self.path)})"
+
+
+def resolve(store: dict, value: Any) -> Any:
+    """The object a handle names in `store` (by (node, key), then down its attribute path); other values as they are."""
+    if not isinstance(value, Resident):
+        return value
+    obj = store[value.node, value.key]
+    for name in value.path:
+        obj = getattr(obj, name)
+    return obj
+
+
+def run_job(store: dict, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None) -> tuple[Any, float]:
+    """fn on the resolved arguments; (result, wall seconds). With `keep`, the result stays in the store."""
+    args = tuple(resolve(store, a) for a in args)
+    kwargs = {k: resolve(store, v) for k, v in kwargs.items()}
+    start = time.perf_counter()
+    result = fn(*args, **kwargs)
+    wall = time.perf_counter() - start
+    if keep is not None:
+        store[keep] = result
+        result = None
+    return result, wall
+
+
+class ThreadExecutor:
+    """Jobs on a pool of threads in this process; resident objects stay where they are."""
+    kind = "thread"
+
+    def __init__(self, workers: int):
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compute")
+        self.store: dict[tuple[int, int], Any] = {}
+
+    def keep(self, node: int, key: int, value: Any) -> None:
+        self.store[node, key] = value
+
+    def start(self, node: int, fn: Callable, args: tuple, kwargs: dict,
+              keep: tuple | None = None) -> concurrent.futures.Future:
+        return self.pool.submit(run_job, self.store, fn, args, kwargs, keep)
+
+    def stats(self) -> dict:
+        return {"kind": self.kind}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.store.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class Compute:
-    """Runs nodes' jobs on the clock's executor and charges each by the model.
+    """Runs nodes' jobs on the executor and charges each by the model.
 
     An offline node starts a job once it is back, and time offline during the job
     does not count: the result comes that much later.
     """
 
-    def __init__(self, model: ComputeModel, clock, availability=None):
+    def __init__(self, model: ComputeModel, clock, availability=None, executor=None):
         self.model, self.clock, self.availability = model, clock, availability
+        self.executor = executor if executor is not None else ThreadExecutor(1)
+        self._keys = [0] * len(model.slowdowns)
 
-    async def run(self, node: int, fn: Callable, args: tuple, work: float):
+    def keep(self, node: int, value: Any) -> Resident:
+        """Put `value` where node's jobs run; its handle (with len() when the value has one)."""
+        key = self._next_key(node)
+        self.executor.keep(node, key, value)
+        return Resident(node, key, length=_length(value))
+
+    async def run(self, node: int, fn: Callable, args: tuple, kwargs: dict, work: float, keep: bool = False):
+        """fn(*args, **kwargs) as node's job; its result, or with `keep` a handle to the result left where it ran."""
+        target = (node, self._next_key(node)) if keep else None
         availability = self.availability
         if availability is None:
-            return await self._submit(node, fn, args, work)
+            result = await self._submit(node, fn, args, kwargs, work, target)
+        else:
+            result = await self._offline_aware(availability, node, fn, args, kwargs, work, target)
+        return Resident(*target) if keep else result
+
+    async def _offline_aware(self, availability, node, fn, args, kwargs, work, target):
         await availability.until_online(node)
         start = self.clock.now
-        result = await self._submit(node, fn, args, work)
+        result = await self._submit(node, fn, args, kwargs, work, target)
         lost = availability.offline_time(node, start, self.clock.now)
         while lost > 0:
             await availability.until_online(node)
@@ -47,14 +145,31 @@ class Compute:
             lost = availability.offline_time(node, start, self.clock.now)
         return result
 
-    def _submit(self, node: int, fn: Callable, args: tuple, work: float):
+    def _submit(self, node, fn, args, kwargs, work, target):
         model = self.model
         slowdown = model.slowdowns[node]
+        job = self.executor.start(node, fn, args, kwargs, target)
         if model.kind == "measured":
-            return self.clock.submit(fn, args, None, model.factor * slowdown)
-        return self.clock.submit(fn, args, work * model.cost_per_unit * slowdown)
+            return self.clock.submit(job, None, model.factor * slowdown)
+        return self.clock.submit(job, work * model.cost_per_unit * slowdown)
+
+    def _next_key(self, node: int) -> int:
+        self._keys[node] += 1
+        return self._keys[node]
+
+
+def _length(value: Any) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None
 
 
 def physical_memory() -> int:
     """Bytes of RAM on this machine: what a run's state must fit in."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def peak_rss() -> int:
+    """Bytes: this process's peak resident memory so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -10,13 +10,12 @@ handle closes the paths a protocol could take by accident or by habit.)
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .clock import sleep
-from .compute import Compute
+from .compute import Compute, Resident
 from .network import Message, Network
 from .recorder import Recorder
 from .seeds import Seeds
@@ -73,10 +72,12 @@ class Node:
 
     @property
     def torch_generator(self):
+        """A handle to the node's torch.Generator, kept where its jobs run: pass it to node.compute."""
         if self._torch_generator is None:
             import torch
 
-            self._torch_generator = torch.Generator().manual_seed(self.seeds.integer("node.torch", self.id))
+            generator = torch.Generator().manual_seed(self.seeds.integer("node.torch", self.id))
+            self._torch_generator = self.keep(generator)
         return self._torch_generator
 
     # -- where and when ---------------------------------------------------
@@ -212,15 +213,27 @@ class Node:
                 handle.cancel()
 
     # -- compute ----------------------------------------------------------
-    async def compute(self, fn: Callable, *args, work: float = 1.0, **kwargs):
-        """Run fn(*args, **kwargs) on the shared executor; emulated time is charged by the compute model.
+    def keep(self, value: Any) -> Resident:
+        """Put `value` (a model, a data split, ...) where this node's jobs run, for the whole run; its handle.
 
-        An offline node starts once it is back, and time offline during the job does
-        not count: the result comes that much later.
+        Pass the handle (or `handle.attribute`) to node.compute: the job gets the object itself.
         """
-        if kwargs:
-            fn = functools.partial(fn, **kwargs)
-        return await self._context.compute.run(self.id, fn, args, work)
+        return self._context.compute.keep(self.id, value)
+
+    async def compute(self, fn: Callable, *args, work: float = 1.0, keep: bool = False, **kwargs):
+        """Run fn(*args, **kwargs) as this node's job; emulated time is charged by the compute model.
+
+        Resident handles among args and kwargs (this node's own) reach fn as the objects
+        they name. With keep=True the result stays where the job ran and a handle to it
+        comes back. fn must be importable (a module-level function), so that it can run
+        on another machine. An offline node starts once it is back, and time offline
+        during the job does not count: the result comes that much later.
+        """
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, Resident) and value.node != self.id:
+                raise ValueError(f"node {self.id}: a job got node {value.node}'s {value!r}; nodes share state "
+                                 "only through messages")
+        return await self._context.compute.run(self.id, fn, args, kwargs, work, keep)
 
     # -- results ----------------------------------------------------------
     def rounds(self) -> Iterator[int]:
@@ -266,7 +279,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 PROPERTIES = ("id", "round", "seeds", "rng", "np_rng", "torch_generator", "neighbours", "in_neighbours", "online",
               "num_nodes")
-METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "compute", "rounds", "log", "snapshot", "record")
+METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "keep", "compute", "rounds", "log", "snapshot",
+           "record")
 
 
 def handle_maker():

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -21,8 +21,8 @@ from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
 from workloads.lazy import LazyModule
-from workloads.task import Workload, WorkloadError, WorkloadOptions
-from workloads.training import accuracy, flat, sgd
+from workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions
+from workloads.training import accuracy, flat, float_state, sgd
 
 torch = LazyModule("torch")
 
@@ -251,9 +251,18 @@ class LearningProtocol(Protocol):
                              f"({self.state_copies:g} copies of {parameters / 2**20:.1f} MiB per node), more than "
                              f"this machine's {have / 2**30:.0f} GiB")
 
+    def hold(self, node, part: int | None = None):
+        """(model, data) of data holder `part` (default: the node's own), kept where node's jobs run.
+
+        Both are handles: pass them to node.compute. data has the NodeTensors fields, each
+        tensor a handle whose len() is its sample count.
+        """
+        part = node.id if part is None else part
+        return node.keep(self.workload.model(part)), keep_data(node, self.workload.data(part))
+
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        model, data = self.hold(node)
         node.log(**await self.scores(node, model, data))
 
     async def train(self, node, model, data) -> float:
@@ -280,6 +289,11 @@ class LearningProtocol(Protocol):
         return {"test_acc": await node.compute(accuracy, model, data.test_x, data.test_y,
                                                work=len(data.test_y) * EVAL_COST)}
 
+    @staticmethod
+    async def state(node, module) -> dict:
+        """A copy of a resident module's floating-point tensors (what a node sends); no emulated time."""
+        return await node.compute(float_state, module, work=0)
+
     def observe(self, rnd, snapshots):
         """consensus_distance: ||x_i - mean_j x_j|| from flattened float states (no messages)."""
         vectors = {i: flat(state) for i, state in snapshots.items() if state is not None}
@@ -287,6 +301,12 @@ class LearningProtocol(Protocol):
             return {}
         mean = torch.stack(list(vectors.values())).mean(0)
         return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
+
+
+def keep_data(node, data: NodeTensors) -> NodeTensors:
+    """The node's splits kept where its jobs run: the same fields, each tensor replaced by its handle."""
+    return replace(data, **{f.name: node.keep(getattr(data, f.name)) for f in fields(data)
+                            if torch.is_tensor(getattr(data, f.name))})
 
 
 # -- results

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.protocol import register
-from workloads.training import aggregate, float_state, mix
+from workloads.training import aggregate, mix
 
 from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, degree_weights, like, own_row
 
@@ -34,24 +34,25 @@ class DFedAvgM(LearningProtocol):
     averages_models = True
 
     async def run(self, node):
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        model, data = self.hold(node)
         for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
             heard_from = await self.average(node, model)  # 2-3
-            node.snapshot(float_state(model))
+            node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=heard_from)
 
     async def average(self, node, model) -> int:
         """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed."""
         o = self.options
         degree = len(node.in_neighbours)
-        body = {STATE: float_state(model), DEGREE: degree}
+        body = {STATE: await self.state(node, model), DEGREE: degree}
         node.broadcast("model", body)  # 2
         heard = await node.gather("model", timeout=o.timeout, valid=like(body))
         rule, param = o.robust_rule
         if rule == "mean":
             self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
-            mix(model, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+            await node.compute(mix, model, self_weight, [(w, heard[j].body[STATE]) for w, j in row], work=0)
         else:  # a robust rule in place of step 3's weighted mean
-            aggregate(model, [message.body[STATE] for message in heard.values()], rule, param)
+            await node.compute(aggregate, model, [message.body[STATE] for message in heard.values()], rule, param,
+                               work=0)
         return len(heard)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import float_state, mix
+from workloads.training import load_state, mix
 
 from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, positive_int
 
@@ -73,26 +73,27 @@ class FedAvg(LearningProtocol):
         """--rounds 0: the scores a round would log, of the initial global model."""
         if node.id == self.server:
             if self.workload.test_set == "global":
-                node.log(**await self.scores(node, self.workload.model(0), self._global_test()))
+                node.log(**await self.scores(node, node.keep(self.workload.model(0)), self._global_test(node)))
         elif self.workload.test_set == "local":
-            part = self.part[node.id]
-            node.log(**await self.scores(node, self.workload.model(0), self.workload.data(part)))
+            _, data = self.hold(node, self.part[node.id])
+            node.log(**await self.scores(node, node.keep(self.workload.model(0)), data))
 
     async def _serve(self, node):
         o = self.options
-        model = self.workload.model(0)  # the common start x0
-        test = self._global_test() if self.workload.test_set == "global" else None
+        model = node.keep(self.workload.model(0))  # the common start x0
+        test = self._global_test(node) if self.workload.test_set == "global" else None
         for _ in node.rounds():
             reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
             sampled = self._sample(node, reachable)
-            node.broadcast("model", {STATE: float_state(model)}, to=sampled)
+            state = await self.state(node, model)
+            node.broadcast("model", {STATE: state}, to=sampled)
             # The others get an empty model, so every client hears from the server every round: an
             # unsampled one ends its round now instead of waiting out the silence, which then means
             # only that the server is down.
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sampled, timeout=o.timeout,
-                                        valid=expects(**{STATE: float_state(model), "samples": positive_int}))
-            average(model, [(m.body["samples"], m.body[STATE]) for m in updates.values()])
+                                        valid=expects(**{STATE: state, "samples": positive_int}))
+            await node.compute(average, model, [(m.body["samples"], m.body[STATE]) for m in updates.values()], work=0)
             scores = await self.evaluate(node, model, test) if test is not None else {}
             node.log(heard_from=len(updates), **scores)
 
@@ -103,22 +104,23 @@ class FedAvg(LearningProtocol):
         return sorted(node.rng.sample(reachable, k))
 
     async def _client(self, node):
-        part = self.part[node.id]
-        model, data = self.workload.model(part), self.workload.data(part)
+        model, data = self.hold(node, self.part[node.id])
+        # the server's model has the clients' architecture
+        model_body = expects(**{STATE: await self.state(node, model)})
         message = None
         for _ in node.rounds():
             if message is None or message.round < node.round:
-                message = await self._next_model(node, model)
+                message = await self._next_model(node, model_body)
             if message is None or message.round > node.round or message.body is None:
                 continue  # the server fell silent; or it is rounds ahead (skip to its round); or not sampled
-            model.load_state_dict(message.body[STATE], strict=False)
+            await node.compute(load_state, model, message.body[STATE], work=0)
             scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
             loss = await self.train(node, model, data)
             if self.server in node.neighbours:
-                node.send(self.server, "update", {STATE: float_state(model), "samples": len(data.train_y)})
+                node.send(self.server, "update", {STATE: await self.state(node, model), "samples": len(data.train_y)})
             node.log(train_loss=loss, **scores)
 
-    async def _next_model(self, node, model):
+    async def _next_model(self, node, model_body):
         """The server's message for this round or a later one; None once the server has been silent too long.
 
         Between two messages to a client the server may wait out --timeout for a silent client and
@@ -126,16 +128,16 @@ class FedAvg(LearningProtocol):
         round ahead and misses its models. A message of an earlier round is dropped but restarts the
         wait: the server is alive and catching up after it was offline.
         """
-        model_body = expects(**{STATE: float_state(model)})  # the server's model is the clients' architecture
         valid = lambda body: body is None or model_body(body)  # noqa: E731 - None: not sampled this round
         while (message := await node.recv(timeout=2 * self.options.timeout, kind="model", valid=valid)) is not None:
             if message.round >= node.round:
                 return message
         return None
 
-    def _global_test(self):
+    def _global_test(self, node):
+        """The whole test split, kept where the server's jobs run."""
         x, y = self.workload.global_test()
-        return SimpleNamespace(test_x=x, test_y=y)
+        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y))
 
     def summary(self, records):
         return {"server": self.server}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import float_state, mix
+from workloads.training import mix
 
 from .common import STATE, LearningProtocol, SGDOptions, like
 
@@ -56,22 +56,22 @@ class GossipLearning(LearningProtocol):
 
     async def run(self, node):
         o = self.options
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        model, data = self.hold(node)
         age = 0
         for _ in node.rounds():
             deadline = node.now() + o.period
-            body = {STATE: float_state(model), "age": age}
+            body = {STATE: await self.state(node, model), "age": age}
             if node.neighbours:
                 node.send(node.rng.choice(node.neighbours), "model", body)
             heard = 0
             # A push sent in an earlier round is still a model: take every one, in arrival order.
             while (msg := await node.recv(timeout=deadline - node.now(), kind="model", valid=like(body))) is not None:
                 w = merge_weight(o.merge, age, msg.body["age"])
-                mix(model, 1.0 - w, [(w, msg.body[STATE])])
+                await node.compute(mix, model, 1.0 - w, [(w, msg.body[STATE])], work=0)
                 age, heard = max(age, msg.body["age"]), heard + 1
             trained = {}
             if heard or not o.train_on_receipt_only:
                 trained = {"train_loss": await self.train(node, model, data)}
                 age += 1
-            node.snapshot(float_state(model))
+            node.snapshot(await self.state(node, model))
             node.log(**trained, **await self.evaluate(node, model, data), heard_from=heard)

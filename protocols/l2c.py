@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.training import difference, float_state, inner, loss_gradient
+from workloads.training import difference, inner, loss_gradient
 
 from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows, like, node_ids
 
@@ -104,6 +104,14 @@ def backpropagate(mixer, model, start: dict, bodies: dict[int, dict], val_x, val
     return weights.detach(), val_loss
 
 
+def collaborate(mixer, model, start: dict, bodies: dict[int, dict], val_x, val_y) -> tuple[dict[int, float], float]:
+    """Steps 3-5: mix the updates with the mixer's weights, then one Adam step on the mixer."""
+    mixer.optimizer.zero_grad()
+    weights, val_loss = backpropagate(mixer, model, start, bodies, val_x, val_y)
+    mixer.optimizer.step()
+    return dict(zip(bodies, weights.tolist())), val_loss
+
+
 def same_task_on_top(node: int, weights: dict[int, float], peers: set[int]) -> bool:
     """Are the len(peers) largest weights of `node` on others exactly those of its same-task peers?"""
     ranked = sorted((j for j in weights if j != node), key=lambda j: -weights[j])
@@ -130,13 +138,13 @@ class L2C(LearningProtocol):
     state_copies = 7.2
 
     # -- what L2C and meta-L2C do differently ---------------------------------
-    def mixer(self, node, model):
+    def mixer(self, node, origin: dict):
         o = self.options
         return MixingLogits([node.id, *node.neighbours], o.alpha_lr, o.alpha_weight_decay)
 
-    def message(self, start: dict, model, origin: dict) -> dict:
-        """What node i sends each round: its update Delta_i."""
-        return {"update": difference(start, float_state(model))}
+    def message(self, start: dict, now: dict, origin: dict) -> dict:
+        """What node i sends each round: its update Delta_i (now: its state after local training)."""
+        return {"update": difference(start, now)}
 
     async def share(self, node, mixer) -> None:
         """Anything to agree on after the mixing step (L2C: nothing)."""
@@ -145,23 +153,23 @@ class L2C(LearningProtocol):
     async def run(self, node):
         o = self.options
         # --init common (the default): updates from one starting point are comparable.
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
-        origin = float_state(model)
-        mixer = self.mixer(node, model)
+        model, data = self.hold(node)
+        origin = await self.state(node, model)
+        mixer = node.keep(self.mixer(node, origin))
         neighbours = list(node.neighbours)  # N(i) at the start, which K0 counts
         sources, listeners = list(neighbours), set(neighbours)
         pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
         for rnd in node.rounds():
-            start = float_state(model)
+            start = await self.state(node, model)
             loss = await self.train(node, model, data)
             if pruning and rnd == o.prune_round + 1:
                 listeners = await self.still_listening(node, listeners)
-            own = self.message(start, model, origin)
+            own = self.message(start, await self.state(node, model), origin)
             node.broadcast("update", own, to=[j for j in node.neighbours if j in listeners])
             heard = await node.gather("update", peers=[j for j in sources if j in node.neighbours],
                                       timeout=o.timeout, valid=like(own))
             bodies = {node.id: own, **{j: m.body for j, m in heard.items()}}
-            weights, val_loss = await node.compute(self.collaborate, mixer, model, start, bodies, data,
+            weights, val_loss = await node.compute(collaborate, mixer, model, start, bodies, data.val_x, data.val_y,
                                                    work=len(data.val_y))
             heard_from = len(heard)
             del heard, bodies  # mixed: the neighbours' updates go now, not at the next round's gather
@@ -169,17 +177,9 @@ class L2C(LearningProtocol):
             await self.share(node, mixer)
             if pruning and rnd == o.prune_round:
                 sources = self.prune(node, sources, weights, len(neighbours))
-            node.snapshot(float_state(model))
+            node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, val_loss=val_loss, **await self.evaluate(node, model, data),
                      heard_from=heard_from)
-
-    @staticmethod
-    def collaborate(mixer, model, start: dict, bodies: dict[int, dict], data) -> tuple[dict[int, float], float]:
-        """Steps 3-5: mix the updates with the mixer's weights, then one Adam step on the mixer."""
-        mixer.optimizer.zero_grad()
-        weights, val_loss = backpropagate(mixer, model, start, bodies, data.val_x, data.val_y)
-        mixer.optimizer.step()
-        return dict(zip(bodies, weights.tolist())), val_loss
 
     def prune(self, node, sources: list[int], weights: dict[int, float], degree: int) -> list[int]:
         """Drop the K0 sources of smallest weight (K0 of the `degree` neighbours i started with); tell every

@@ -20,7 +20,7 @@ class Local(LearningProtocol):
     state_copies = 1.0
 
     async def run(self, node):
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
+        model, data = self.hold(node)
         for _ in node.rounds():
             loss = await self.train(node, model, data)
             node.log(train_loss=loss, **await self.evaluate(node, model, data))

@@ -44,7 +44,7 @@ from rich.table import Table
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.training import float_state, mix
+from workloads.training import mix
 
 from .common import (LearningProtocol, TimeoutOptions, TrainingOptions, check, default, expects, last_rows, like,
                      own_row, positive_int)
@@ -239,7 +239,8 @@ def cluster_mass(weights: dict[int, float], me: int, clusters: list) -> float:
 
 
 def classifier_weight(model) -> torch.Tensor:
-    return model.classifier[-1].weight.detach().cpu()
+    """Phi_i, a copy: what a job hands back never aliases the node's live model."""
+    return model.classifier[-1].weight.detach().cpu().clone()
 
 
 # ---------------------------------------------------------------- protocol
@@ -260,12 +261,14 @@ class MAPL(LearningProtocol):
 
     async def run(self, node):
         o = self.options
-        model, data = self.workload.model(node.id), self.workload.data(node.id)
-        prototypes = pml.initial_prototypes(self.workload.num_classes, o.d_p, node.torch_generator)
-        views = augment.TwoViews(self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0))
+        model, data = self.hold(node)
+        prototypes = await node.compute(pml.initial_prototypes, self.workload.num_classes, o.d_p,
+                                        node.torch_generator, work=0)
+        views = await node.compute(augment.TwoViews, self.workload.dataset.shape, node.torch_generator,
+                                   scale=(o.crop_scale, 1.0), work=0, keep=True)
         neighbours = list(node.neighbours)
         row = CollaborationRow(node.id, neighbours, len(data.train_y))
-        valid = self.expected(model, prototypes)
+        valid = await self.expected(node, model, prototypes)
         for r in node.rounds():
             loss, prototypes = await node.compute(
                 pml.personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
@@ -277,35 +280,38 @@ class MAPL(LearningProtocol):
                 row.drop(notice.src)
             current = set(node.neighbours)
             peers = [j for j in row.peers if j in current]
-            node.broadcast(KIND, self.message(model, prototypes, learn_graph, r, len(data.train_y)), to=peers)
+            body = await self.message(node, model, prototypes, learn_graph, r, len(data.train_y))
+            node.broadcast(KIND, body, to=peers)
             heard = await node.gather(KIND, peers=peers, timeout=o.timeout, valid=valid)
             row.hear(heard)
             if learn_graph:
-                row.learn(classifier_weight(model), o)
+                row.learn(body["classifier"], o)
             prototypes = row.mix(prototypes, {j: m.body["prototypes"] for j, m in heard.items()})
             if self.averages_backbones:
                 self_weight, others = row.mixing(heard)
-                mix(model.backbone, self_weight, [(w, heard[j].body["backbone"]) for w, j in others])
+                received = [(w, heard[j].body["backbone"]) for w, j in others]
+                await node.compute(mix, model.backbone, self_weight, received, work=0)
             heard_from = len(heard)
-            del heard  # mixed: the neighbours' copies go now, not at the next round's gather
+            del heard, body  # mixed: the neighbours' copies go now, not at the next round's gather
             if not o.no_sparsify:
                 node.broadcast(DROP, None, to=[j for j in row.sparsify(o.zero_weight) if j in current])
             self.report(node, row, neighbours, loss, await self.evaluate(node, model, data), heard_from)
 
-    def expected(self, model, prototypes: torch.Tensor):
+    async def expected(self, node, model, prototypes: torch.Tensor):
         """The check of a neighbour's message: the fields `message` may send, each like this node's own."""
-        backbone = {"backbone": float_state(model.backbone)} if self.averages_backbones else {}
+        backbone = {"backbone": await self.state(node, model.backbone)} if self.averages_backbones else {}
         return expects(optional=("classifier", "samples", "backbone"), prototypes=prototypes,
-                       classifier=classifier_weight(model), samples=positive_int, **backbone)
+                       classifier=await node.compute(classifier_weight, model, work=0), samples=positive_int,
+                       **backbone)
 
-    def message(self, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:
+    async def message(self, node, model, prototypes: torch.Tensor, learn_graph: bool, rnd: int, samples: int) -> dict:
         body = {"prototypes": prototypes}
         if learn_graph:
-            body["classifier"] = classifier_weight(model)
+            body["classifier"] = await node.compute(classifier_weight, model, work=0)
         if rnd == 0:
             body["samples"] = samples
         if self.averages_backbones:
-            body["backbone"] = float_state(model.backbone)
+            body["backbone"] = await self.state(node, model.backbone)
         return body
 
     def report(self, node, row: CollaborationRow, neighbours: list[int], loss: float, evaluation: dict,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.training import difference, float_state, mix
+from workloads.training import difference, mix
 
 from .common import DEGREE, STATE, degree_weights, like, own_row
 from .l2c import L2C, L2COptions
@@ -77,23 +77,22 @@ class MetaL2C(L2C):
     Options = MetaL2COptions
     state_copies = 11.0
 
-    def mixer(self, node, model):
+    def mixer(self, node, origin: dict):
         o = self.options
         generator = torch.Generator().manual_seed(self.env.seeds.integer("meta-l2c.encoder"))  # one E for all nodes
-        shapes = {name: value.shape for name, value in encoded(float_state(model)).items()}
+        shapes = {name: value.shape for name, value in encoded(origin).items()}
         return Attention(node.id, encoders.Encoder(shapes, encoder_widths(o.encoder), generator),
                          o.alpha_lr, o.alpha_weight_decay)
 
-    def message(self, start: dict, model, origin: dict) -> dict:
+    def message(self, start: dict, now: dict, origin: dict) -> dict:
         """Delta_i and dtheta_i = theta_i^{t+1/2} - theta^0."""
-        now = float_state(model)
         return {"update": difference(start, now), "drift": difference(encoded(now), origin)}
 
     async def share(self, node, mixer) -> None:
         """One gossip step towards the average encoder (Metropolis-Hastings weights)."""
         degree = len(node.neighbours)
-        body = {STATE: float_state(mixer.encoder), DEGREE: degree}
+        body = {STATE: await self.state(node, mixer.encoder), DEGREE: degree}
         node.broadcast("encoder", body)
         heard = await node.gather("encoder", timeout=self.options.timeout, valid=like(body))
         self_weight, row = own_row(degree_weights("mh", degree, heard))
-        mix(mixer.encoder, self_weight, [(w, heard[j].body[STATE]) for w, j in row])
+        await node.compute(mix, mixer.encoder, self_weight, [(w, heard[j].body[STATE]) for w, j in row], work=0)

@@ -8,7 +8,6 @@ Every `@pytest.mark.asyncio` test runs on a VirtualClock's loop (the hook below)
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import math
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from app.run import build_emulation
 from app.settings import RunConfig
 from app.settings import parse_delay, parse_loss
 from emulator.clock import VirtualClock
-from emulator.compute import Compute, ComputeModel
+from emulator.compute import Compute, ComputeModel, ThreadExecutor
 from emulator.emulation import Emulation
 from emulator.ledger import Ledger
 from emulator.links import LinkSpec
@@ -30,12 +29,9 @@ from emulator.protocol import Protocol
 from emulator.recorder import Recorder
 from emulator.seeds import Seeds
 
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="test-compute")
-
-
 def pytest_asyncio_loop_factories(config, item):
     """Async tests run on the virtual clock's loop."""
-    return {"virtual": lambda: VirtualClock(_EXECUTOR).loop}
+    return {"virtual": lambda: VirtualClock().loop}
 
 
 @pytest_asyncio.fixture
@@ -82,7 +78,7 @@ def inline_protocol(coroutine, observe=None):
 def emulate(coroutine, graph: nx.Graph, *, workers: int = 2, **settings) -> Emulation:
     """Run `coroutine(node)` on every node of `graph` under the given RunConfig settings."""
     config = RunConfig(**{"latency": "0ms", "bandwidth": "inf", **settings})
-    with concurrent.futures.ThreadPoolExecutor(workers) as executor:
+    with ThreadExecutor(workers) as executor:
         emulation = build_emulation(config, graph, inline_protocol(coroutine), executor)
         emulation.rows = emulation.run()
     return emulation

@@ -114,7 +114,7 @@ def untrained(sent: dict, mixed: dict) -> type:
 
     class Untrained(DFedAvgM):
         async def train(self, node, model, data):
-            sent[node.id] = float_state(model)
+            sent[node.id] = await self.state(node, model)
             return 0.0
 
         def observe(self, rnd, snapshots):

@@ -1,5 +1,4 @@
 """Network dynamics: churn, crashes, availability traces, link failures, partitions, time-varying graphs."""
-import concurrent.futures
 import csv
 import json
 from pathlib import Path
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 
 import topologies
+from emulator.compute import ThreadExecutor
 from app.cli import main
 from app.run import build_emulation
 from app.settings import RunConfig
@@ -225,7 +225,7 @@ def test_partition_keeps_the_groups_apart_until_the_heal():
     protocol = _GroupGossip(GossipOptions(timeout=1.0), SimpleNamespace(seeds=Seeds(0), num_nodes=10))
     # Rounds take 1 s (the timeout) while parted, 10 ms once whole: rounds 0-3 are parted.
     config = RunConfig(protocol="gossip", rounds=8, partition_event="t=0s:groups=0-4|5-9:heal=3.5s")
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+    with ThreadExecutor(1) as executor:
         emulation = build_emulation(config, nx.complete_graph(10), protocol, executor)
         rows = emulation.run()
     gap = {r["round"]: r["group_gap"] for r in rows if r["node"] == 0}

@@ -1,5 +1,4 @@
 """Nodes share nothing but messages: a run leaves the protocol object exactly as it was set up."""
-import concurrent.futures
 import dataclasses
 import hashlib
 from pathlib import Path
@@ -10,6 +9,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from emulator.compute import ThreadExecutor
 from app.run import build_emulation, build_topology
 from app.settings import resolve
 from emulator.emulation import Emulation
@@ -68,7 +68,7 @@ def test_a_run_leaves_the_protocol_object_unchanged(tmp_path, name):
     env = Environment(graph.number_of_nodes(), config.rounds, Seeds(config.seed), graph, "cpu", tmp_path)
     protocol = REGISTRY[name](options, env)
     before = fingerprint(vars(protocol))
-    with concurrent.futures.ThreadPoolExecutor(2) as executor:
+    with ThreadExecutor(2) as executor:
         emulation = build_emulation(config, graph, protocol, executor)
         rows = emulation.run()
     assert {row["round"] for row in rows} == {0, 1}
@@ -90,7 +90,7 @@ def test_a_node_holds_no_other_node_and_not_the_emulation():
     graph = nx.path_graph(3)
     config, options = resolve({"protocol": "gossip", "nodes": 3, "rounds": 1}, REGISTRY)
     env = Environment(3, 1, Seeds(0), graph, "cpu", Path("."))
-    with concurrent.futures.ThreadPoolExecutor(1) as executor:
+    with ThreadExecutor(1) as executor:
         emulation = build_emulation(config, graph, REGISTRY["gossip"](options, env), executor)
     for node in emulation.nodes:
         reachable = list(vars(node).values())

@@ -55,6 +55,11 @@ def float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
 
 
+def load_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy the entries of `state` into the module's (others stay as they are)."""
+    module.load_state_dict(state, strict=False)
+
+
 def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, dict]]) -> None:
     """x <- w_ii x + sum_j w_ij x_j, in place, over the entries the neighbours sent."""
     if not others:

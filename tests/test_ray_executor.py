@@ -1,0 +1,137 @@
+"""--executor ray: the same run as on threads, byte for byte; a lost worker; bad flags."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from app.cli import main
+from app.run import run
+from tests.conftest import assert_one_line_error
+
+OUTPUTS = ("metrics.jsonl", "links.csv", "messages.jsonl")
+SMALL = dict(nodes=8, rounds=3, trace=True, quiet=True, no_plots=True, seed=3)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs) for the module: a run joins it instead of starting its own."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("settings", [
+    dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32"),
+    dict(protocol="mapl", topology="mesh", model="hetero-small", partition="mapl:scenario=1", local_epochs=1),
+    dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32", churn="up=0.5s,down=0.3s",
+         timeout=0.5),
+], ids=["dfedavgm", "mapl-hetero-small", "dfedavgm-churn"])
+def test_ray_gives_the_thread_runs_bytes(local_ray, tmp_path, settings):
+    threads = run(**SMALL, **settings, workers=2, out=str(tmp_path / "thread"))
+    on_ray = run(**SMALL, **settings, executor="ray", ray_workers=2, out=str(tmp_path / "ray"))
+    for name in OUTPUTS:
+        assert (threads.out_dir / name).read_bytes() == (on_ray.out_dir / name).read_bytes(), name
+    executor = on_ray.summary["executor"]
+    assert executor["kind"] == "ray" and executor["workers"] == 2 and executor["jobs"] > 0
+    if "churn" in settings:
+        assert on_ray.summary["dropped_offline"] > 0  # the scenario did take nodes down
+
+
+def test_state_stays_on_the_workers(local_ray, tmp_path):
+    """Models and data go to the workers once; per round only what the protocol sends or reads travels."""
+    result = run(**SMALL, protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32", executor="ray",
+                 ray_workers=2, out=str(tmp_path / "ray"))
+    executor, summary = result.summary["executor"], result.summary
+    moved = executor["bytes_to_workers"] + executor["bytes_from_workers"]
+    assert 0 < moved <= 2 * summary["bytes_total"]
+    assert executor["bytes_kept"] > 0 and executor["driver_peak_rss"] > 0
+    assert all(rss > 0 for rss in executor["worker_peak_rss"])
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _node_workers(pid: int) -> list[int]:
+    workers = []
+    for child in _descendants(pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if command.startswith(b"ray::NodeWorker"):
+            workers.append(child)
+    return workers
+
+
+def test_a_killed_worker_ends_the_run_in_one_line_and_keeps_the_closed_rounds(tmp_path):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8",
+         "--rounds", "100000", "--model", "mlp:hidden=32", "--executor", "ray", "--ray-workers", "2", "--quiet",
+         "--no-plots", "--out", str(out)], stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and _closed_rounds(out) < 2:
+            time.sleep(0.2)
+        workers = _node_workers(process.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    lines = err.strip().splitlines()
+    assert process.returncode == 1
+    assert len(lines) == 1 and f"(pid {workers[1]}) died" in lines[0] and "closed rounds" in lines[0], lines
+    named = re.search(r"node (\d+)'s Ray worker (\d+)", lines[0])
+    assert named and int(named[1]) % 2 == int(named[2])  # node i runs on worker i mod 2
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    assert {row["round"] for row in rows if row["node"] == 0} >= {0, 1}
+    assert not (out / "summary.json").exists()
+
+
+def _closed_rounds(out: Path) -> int:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return len({json.loads(line)["round"] for line in lines if line.endswith("}")})
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--ray-workers", "2"], "--ray-workers"),  # without --executor ray
+    (["--executor", "ray", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker"),
+    (["--executor", "ray", "--ray-gpus-per-worker", "-1"], "--ray-gpus-per-worker"),
+    (["--executor", "ray", "--ray-workers", "-3"], "--ray-workers"),
+    (["--executor", "ray", "--ray-workers", "1.5"], "--ray-workers"),
+    (["--executor", "ray", "--ray-address", "not an address"], "--ray-address"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "--ray-address"),  # nothing listens there
+    (["--executor", "ray", "--device", "cuda"], "--device"),
+    (["--executor", "dask"], "--executor"),
+])
+def test_bad_ray_flags_are_one_line_and_exit_2(capsys, tmp_path, flags, named):
+    out = tmp_path / "run"
+    assert main(["--protocol", "gossip", "--nodes", "4", "--rounds", "1", "--out", str(out), *flags]) == 2
+    assert_one_line_error(capsys, named)
+    assert not out.exists()
