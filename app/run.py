@@ -174,17 +174,17 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             _discard(out_dir, existed)
             raise
         stream = RunStream(writer, emulation)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             with progress:
                 rows = emulation.run()
         except BaseException:  # a signal or a failure: the closed rounds are on disk; bring the snapshots up to now
             stream.snapshot()
             raise
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
         summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest,
-                   "executor": {**executor.stats(), "driver_peak_rss": peak_rss()}}
+                   "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots:
         from analysis.plots import plot_run

@@ -53,6 +53,35 @@ async def test_compute_is_charged_by_the_model_not_by_its_wall_time(clock):
     assert clock.now == pytest.approx(0.010)
 
 
+class _Box:
+    def __init__(self, items):
+        self.items = items
+
+
+def _append(box, item):
+    box.items.append(item)
+    return len(box.items)
+
+
+@pytest.mark.asyncio
+async def test_a_job_gets_the_object_a_handle_names_and_can_leave_its_result_where_it_ran(clock):
+    node, _ = nodes(network(clock, nx.path_graph(2)), compute_cost=0.001)
+    box = node.keep(_Box([1, 2]))
+    assert await node.compute(_append, box, 3, work=0) == 3  # the job changed the kept object itself
+    assert await node.compute(len, box.items, work=0) == 3  # handle.attr names the attribute
+    kept = await node.compute(_Box, [7], work=2, keep=True)
+    assert clock.now == pytest.approx(0.002) and await node.compute(len, kept.items, work=0) == 1
+    assert len(node.keep(list(range(5)))) == 5
+
+
+@pytest.mark.asyncio
+async def test_a_job_on_another_nodes_handle_is_refused(clock):
+    first, second = nodes(network(clock, nx.path_graph(2)))
+    theirs = second.keep([1, 2, 3])
+    with pytest.raises(ValueError, match="node 0: a job got node 1's"):
+        await first.compute(len, theirs)
+
+
 @pytest.mark.asyncio
 async def test_corrupt_bytes_are_dropped_and_counted(clock):
     net = network(clock, nx.path_graph(2))
