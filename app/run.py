@@ -136,7 +136,7 @@ def make_executor(config: cfg.RunConfig):
     if config.executor == "ray":
         from emulator.cluster import RayExecutor
 
-        return RayExecutor(address=config.ray_address.strip(), workers=config.ray_workers,
+        return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
                            cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
     return ThreadExecutor(cfg.workers(config))
 
@@ -164,7 +164,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     with writer, contextlib.ExitStack() as resources:
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             writer.config({**asdict(config), **asdict(options)})
-            env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console)
+            env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
+                              state_in_process=config.executor == "thread")
             protocol = protocol_cls(options, env)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)

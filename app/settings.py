@@ -148,6 +148,7 @@ CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
 EXECUTORS = ("thread", "ray")
+RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
 
@@ -317,10 +318,14 @@ def check_ray(config: RunConfig) -> None:
             raise ConfigError(f"{flag(changed[0])}: applies to --executor ray only")
         return
     _within("ray_workers", config.ray_workers, 0, MAX_WORKERS)
-    if not 0 < config.ray_cpus_per_worker <= 1024:
-        raise ConfigError(f"--ray-cpus-per-worker {config.ray_cpus_per_worker}: must be within (0, 1024]")
-    if not 0 <= config.ray_gpus_per_worker <= 64:
-        raise ConfigError(f"--ray-gpus-per-worker {config.ray_gpus_per_worker}: must be within [0, 64]")
+    if not RAY_MIN_SHARE <= config.ray_cpus_per_worker <= 1024:
+        raise ConfigError(f"--ray-cpus-per-worker {config.ray_cpus_per_worker}: must be within {RAY_MIN_SHARE}..1024")
+    if not (config.ray_gpus_per_worker == 0 or RAY_MIN_SHARE <= config.ray_gpus_per_worker <= 64):
+        raise ConfigError(f"--ray-gpus-per-worker {config.ray_gpus_per_worker}: must be 0 or within "
+                          f"{RAY_MIN_SHARE}..64")
+    if config.workers:
+        raise ConfigError(f"--workers {config.workers}: sizes the thread executor; with --executor ray use "
+                          "--ray-workers")
     address = config.ray_address.strip()
     host, _, port = address.rpartition(":")
     if address not in ("", "auto") and not (host and port.isdigit() and 0 < int(port) < 65536):

@@ -54,24 +54,24 @@ def noop(model) -> None:
 
 
 def job_overhead(executor, jobs: int) -> tuple[float, float]:
-    """(seconds per job one at a time, jobs per second with all of them in flight) on a kept cnn-small model."""
+    """(seconds per job one at a time, jobs per second with all of them in flight) on a small kept model."""
     import torch
 
     compute = Compute(ComputeModel("model", 0.0, 1.0, (1.0,) * 2), None, executor=executor)
     model = compute.keep(0, torch.nn.Linear(64, 10))
 
-    async def one_at_a_time(clock):
+    async def one_at_a_time():
         for _ in range(jobs):
             await compute.run(0, noop, (model,), {}, 0)
 
-    async def all_at_once(clock):
+    async def all_at_once():
         await asyncio.gather(*(compute.run(0, noop, (model,), {}, 0) for _ in range(jobs)))
 
     timings = []
     for body in (one_at_a_time, all_at_once):
         clock = compute.clock = VirtualClock()
         start = time.perf_counter()
-        clock.run(body(clock))
+        clock.run(body())
         timings.append(time.perf_counter() - start)
     return timings[0] / jobs, jobs / timings[1]
 
@@ -99,8 +99,8 @@ def overheads(jobs: int) -> dict[str, tuple[float, float]]:
 
     with ThreadExecutor(2) as threads:
         thread = job_overhead(threads, jobs)
-    with RayExecutor(address="", workers=2, cpus_per_worker=1, gpus_per_worker=0) as workers:
-        job_overhead(workers, 20)  # warm: the first jobs import torch on the workers
+    with RayExecutor(nodes=2, address="", workers=2, cpus_per_worker=1, gpus_per_worker=0) as workers:
+        job_overhead(workers, 20)  # warm: the first round trips set up Ray's connections
         ray = job_overhead(workers, jobs)
     return {"thread": thread, "ray": ray}
 
@@ -138,8 +138,8 @@ def report(console, args, data, thread, ray, same, per_job) -> None:
                   f"{ray['process_wall'] / thread['process_wall']:.2f}")
     table.add_row("driver CPU s (thread: with compute)", f"{thread['executor']['driver_cpu_seconds']:.1f}",
                   f"{ex['driver_cpu_seconds']:.1f}", "")
-    table.add_row("driver CPU ms per node-round", "", f"{ex['driver_cpu_seconds'] / args.nodes / args.rounds * 1e3:.1f}",
-                  "")
+    per_node_round = ex["driver_cpu_seconds"] / args.nodes / args.rounds
+    table.add_row("driver CPU ms per node-round", "", f"{per_node_round * 1e3:.1f}", "")
     table.add_row("driver peak RSS MiB", f"{thread['executor']['driver_peak_rss'] / mib:.0f}",
                   f"{ex['driver_peak_rss'] / mib:.0f}", "")
     table.add_row("worker peak RSS MiB", "(in the driver)", " / ".join(f"{r / mib:.0f}" for r in ex["worker_peak_rss"]),

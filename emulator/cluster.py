@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import socket
 import threading
+import weakref
 from typing import Any, Callable
 
 from .compute import Resident, peak_rss, run_job
@@ -30,7 +32,7 @@ class NodeWorker:
         self.device = "cuda" if _gpu_ids() else "cpu"
 
     def keep(self, node: int, key: int, value: Any, shared: list | None = None) -> None:
-        """Keep value (or, when it was put once for many nodes, the object store's copy) on this worker's device."""
+        """Keep value (or the object store's copy, fetched once per worker) on this worker's device."""
         if shared is not None:
             ref = shared[0]
             if ref.hex() not in self.shared:
@@ -41,6 +43,9 @@ class NodeWorker:
         self.store[node, key] = _to(value, self.device)
 
     def run(self, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None) -> tuple[Any, float]:
+        """The job on this worker's device: what it received goes there too; its result comes back on the CPU."""
+        args = tuple(_to(a, self.device) for a in args)
+        kwargs = {k: _to(v, self.device) for k, v in kwargs.items()}
         result, wall = run_job(self.store, fn, args, kwargs, keep)
         return _to(result, "cpu"), wall
 
@@ -49,24 +54,35 @@ class NodeWorker:
 
 
 class RayExecutor:
-    """Jobs on Ray workers (actors); node i's jobs and state on worker i mod W."""
+    """Jobs on Ray workers (actors); node i's jobs and state on worker i mod W.
+
+    Joins the Ray this process already runs (a notebook's, a test's) if there is one;
+    else the cluster at `address`, or a local Ray it starts and stops.
+    """
     kind = "ray"
 
-    def __init__(self, *, address: str, workers: int, cpus_per_worker: float, gpus_per_worker: float):
+    def __init__(self, *, nodes: int, address: str, workers: int, cpus_per_worker: float, gpus_per_worker: float):
         ray = _import_ray()
         if address not in ("", "auto"):
             _reachable(address)  # ray.init itself retries an unreachable address for minutes
         self.started = not ray.is_initialized()
-        if self.started:  # else join the Ray this process already runs (a notebook's, a test's)
-            _connect(ray, address)
-        cpus = ray.cluster_resources().get("CPU", 0)
-        count = workers or max(1, int(cpus // cpus_per_worker))
-        actor = ray.remote(NodeWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)
-        self.workers = [actor.remote(max(1, int(cpus_per_worker))) for _ in range(count)]
-        self.pids = ray.get([w.usage.remote() for w in self.workers], timeout=120)
-        self._shared: dict[int, tuple[Any, Any]] = {}  # id(value) -> (value, its object-store copy)
+        self.workers: list = []
+        self._shared: dict[int, Any] = {}  # id(value) -> its object-store copy, while the value lives
         self._lock = threading.Lock()
         self.bytes_kept = self.bytes_to_workers = self.bytes_from_workers = self.jobs = 0
+        if self.started:
+            _connect(ray, address)
+        try:
+            count = _worker_count(ray.cluster_resources(), nodes, workers, cpus_per_worker, gpus_per_worker)
+            actor = ray.remote(NodeWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
+                                                   max_restarts=0)
+            self.workers = [actor.remote(max(1, int(cpus_per_worker))) for _ in range(count)]
+            self.usage = ray.get([w.usage.remote() for w in self.workers], timeout=300)
+        except BaseException as exc:
+            self.close()
+            if isinstance(exc, (ray.exceptions.RayError, TimeoutError)):
+                raise UsageError(f"--executor ray: the workers did not start: {_first_line(exc)}") from None
+            raise
 
     def worker_of(self, node: int) -> int:
         return node % len(self.workers)
@@ -74,17 +90,19 @@ class RayExecutor:
     def keep(self, node: int, key: int, value: Any) -> None:
         worker = self.workers[self.worker_of(node)]
         size = payload_bytes(value)
-        if size >= _SHARE_ABOVE:  # a tensor several nodes keep (a global test split): put it in the store once
-            shared = self._shared.get(id(value))
-            if shared is None:
-                import ray
-
-                shared = self._shared[id(value)] = (value, ray.put(value))
-                self.bytes_kept += size
-            worker.keep.remote(node, key, None, [shared[1]])
+        if size < _SHARE_ABOVE:
+            self.bytes_kept += size
+            worker.keep.remote(node, key, value)
             return
-        self.bytes_kept += size
-        worker.keep.remote(node, key, value)
+        # Large: through the object store, once while the value lives (the global test split every node keeps).
+        ref = self._shared.get(id(value))
+        if ref is None:
+            import ray
+
+            ref = self._shared[id(value)] = ray.put(value)
+            weakref.finalize(value, self._shared.pop, id(value), None)
+            self.bytes_kept += size
+        worker.keep.remote(node, key, None, [ref])
 
     def start(self, node: int, fn: Callable, args: tuple, kwargs: dict,
               keep: tuple | None = None) -> concurrent.futures.Future:
@@ -99,30 +117,31 @@ class RayExecutor:
         return done
 
     def _finish(self, remote, done, node: int, index: int) -> None:
+        """Hand the job's outcome to `done`, always: the clock blocks on it."""
         import ray
 
         try:
             result = remote.result()
-        except ray.exceptions.RayActorError as exc:
-            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            done.set_exception(WorkerLost(f"node {node}'s Ray worker {index} (pid {self.pids[index]['pid']}) "
-                                          f"died: {cause}"))
-            return
+            with self._lock:
+                self.bytes_from_workers += payload_bytes(result[0])
         except ray.exceptions.RayTaskError as exc:  # the job itself raised: hand back its own error
             done.set_exception(exc.as_instanceof_cause())
-            return
+        except ray.exceptions.RayError as exc:  # the worker, or an object it held, is gone
+            done.set_exception(WorkerLost(f"node {node}'s Ray worker {index} (pid {self.usage[index]['pid']}) "
+                                          f"died: {_first_line(exc)}"))
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting node
             done.set_exception(exc)
-            return
-        with self._lock:
-            self.bytes_from_workers += payload_bytes(result[0])
-        done.set_result(result)
+        else:
+            done.set_result(result)
 
     def stats(self) -> dict:
-        """What travelled between this process and the workers, and each worker's peak memory."""
+        """What travelled between this process and the workers, and each worker's peak memory (None if gone)."""
         import ray
 
-        usage = ray.get([w.usage.remote() for w in self.workers], timeout=120)
+        try:
+            usage = ray.get([w.usage.remote() for w in self.workers], timeout=120)
+        except (ray.exceptions.RayError, TimeoutError):
+            usage = [{"peak_rss": None, "device": None}] * len(self.workers)
         return {"kind": self.kind, "workers": len(self.workers), "jobs": self.jobs,
                 "bytes_kept": self.bytes_kept, "bytes_to_workers": self.bytes_to_workers,
                 "bytes_from_workers": self.bytes_from_workers,
@@ -134,7 +153,7 @@ class RayExecutor:
         for worker in self.workers:
             ray.kill(worker)
         self.workers, self._shared = [], {}
-        if self.started:
+        if self.started and ray.is_initialized():
             ray.shutdown()
 
     def __enter__(self):
@@ -142,6 +161,25 @@ class RayExecutor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _worker_count(available: dict, nodes: int, workers: int, cpus: float, gpus: float) -> int:
+    """--ray-workers, or as many as the cluster's CPUs (and GPUs) hold, at most one per node; UsageError
+    when the cluster cannot hold the workers asked for."""
+    fits = int(available.get("CPU", 0) // cpus)
+    if gpus > 0:
+        fits = min(fits, int(available.get("GPU", 0) // gpus))
+    count = workers or min(fits, nodes)
+    if count < 1 or count > fits:
+        raise UsageError(f"--ray-workers {count or 1}: the cluster has room for {fits} workers of "
+                         f"{cpus:g} CPUs{f' and {gpus:g} GPUs' if gpus else ''} (it has "
+                         f"{available.get('CPU', 0):g} CPUs, {available.get('GPU', 0):g} GPUs)")
+    return count
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 _SHARE_ABOVE = 1 << 20  # bytes: a value this large is put in the object store once, however many nodes keep it
@@ -156,15 +194,21 @@ def _import_ray():
 
 
 def _connect(ray, address: str) -> None:
-    """Join the cluster at `address`, or start a local one on this machine's cores; UsageError if unreachable."""
+    """Join the cluster at `address`, or start a local one on this machine's cores; UsageError if it fails."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     try:
         if address:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        else:
-            ray.init(num_cpus=os.cpu_count(), logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+        else:  # "local": never a cluster that RAY_ADDRESS or a `ray start` on this machine points at
+            ray.init(address="local", num_cpus=os.cpu_count(), logging_level="ERROR", log_to_driver=False,
+                     include_dashboard=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"--ray-address {address or '(local)'}: cannot start or reach Ray: {first}") from None
+        raise UsageError(f"--ray-address {address or '(local)'}: cannot start or reach Ray: {_first_line(exc)}") \
+            from None
+    finally:
+        if in_main_thread:  # ray.init installs its own SIGTERM handler; ours ends a run in one line
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _reachable(address: str, timeout: float = 5.0) -> None:
@@ -196,8 +240,8 @@ def payload_bytes(value: Any) -> int:
 
 
 def _to(value: Any, device: str) -> Any:
-    """Tensors and modules in value on `device`; other values as they are (CPU-only workers: unchanged)."""
-    if device == "cpu" and not _has_cuda(value):
+    """Tensors and modules in value on `device`; other values (handles too) as they are."""
+    if isinstance(value, Resident) or device == "cpu" and not _has_cuda(value):
         return value
     if hasattr(value, "to") and hasattr(value, "is_cuda" if hasattr(value, "numel") else "parameters"):
         return value.to(device)
@@ -209,6 +253,8 @@ def _to(value: Any, device: str) -> Any:
 
 
 def _has_cuda(value: Any) -> bool:
+    if isinstance(value, Resident):
+        return False
     if getattr(value, "is_cuda", False):
         return True
     if isinstance(value, dict):

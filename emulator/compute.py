@@ -124,10 +124,14 @@ class Compute:
         return Resident(node, key, length=_length(value))
 
     async def run(self, node: int, fn: Callable, args: tuple, kwargs: dict, work: float, keep: bool = False):
-        """fn(*args, **kwargs) as node's job; its result, or with `keep` a handle to the result left where it ran."""
+        """fn(*args, **kwargs) as node's job; its result, or with `keep` a handle to the result left where it ran.
+
+        A job of no work (taking the state to send, mixing in what arrived) is bookkeeping,
+        not compute: it runs even while its node is offline, as it would inline.
+        """
         target = (node, self._next_key(node)) if keep else None
         availability = self.availability
-        if availability is None:
+        if availability is None or work == 0:
             result = await self._submit(node, fn, args, kwargs, work, target)
         else:
             result = await self._offline_aware(availability, node, fn, args, kwargs, work, target)

@@ -225,9 +225,10 @@ class Node:
 
         Resident handles among args and kwargs (this node's own) reach fn as the objects
         they name. With keep=True the result stays where the job ran and a handle to it
-        comes back. fn must be importable (a module-level function), so that it can run
-        on another machine. An offline node starts once it is back, and time offline
-        during the job does not count: the result comes that much later.
+        comes back (so fn cannot take a keyword named keep, nor work). fn must be
+        importable (a module-level function), so that it can run on another machine. An
+        offline node starts a job of work > 0 once it is back, and time offline during the
+        job does not count: the result comes that much later.
         """
         for value in (*args, *kwargs.values()):
             if isinstance(value, Resident) and value.node != self.id:

@@ -42,6 +42,7 @@ class Environment:
     device: str
     out_dir: Path
     console: Any = None
+    state_in_process: bool = True  # nodes' models live in this process (False: on a cluster's workers)
 
     def write_json(self, name: str, obj: Any) -> None:
         (self.out_dir / name).write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")  # strict JSON

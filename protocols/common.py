@@ -242,7 +242,10 @@ class LearningProtocol(Protocol):
         self.check_memory()
 
     def check_memory(self) -> None:
-        """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate."""
+        """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate.
+        (On a Ray cluster the models live on the workers, whose memory is Ray's to manage.)"""
+        if not self.env.state_in_process:
+            return
         model = self.workload.model(0)
         parameters = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         need, have = self.env.num_nodes * self.state_copies * parameters, physical_memory()

@@ -20,7 +20,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import load_state, mix
 
-from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, positive_int
+from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data, positive_int
 
 
 @dataclass
@@ -75,7 +75,7 @@ class FedAvg(LearningProtocol):
             if self.workload.test_set == "global":
                 node.log(**await self.scores(node, node.keep(self.workload.model(0)), self._global_test(node)))
         elif self.workload.test_set == "local":
-            _, data = self.hold(node, self.part[node.id])
+            data = keep_data(node, self.workload.data(self.part[node.id]))
             node.log(**await self.scores(node, node.keep(self.workload.model(0)), data))
 
     async def _serve(self, node):

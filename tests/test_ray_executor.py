@@ -128,6 +128,9 @@ def _closed_rounds(out: Path) -> int:
     (["--executor", "ray", "--ray-address", "not an address"], "--ray-address"),
     (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "--ray-address"),  # nothing listens there
     (["--executor", "ray", "--device", "cuda"], "--device"),
+    (["--executor", "ray", "--ray-cpus-per-worker", "0.00001"], "--ray-cpus-per-worker"),  # finer than Ray takes
+    (["--executor", "ray", "--workers", "2"], "--workers"),  # the thread pool's size
+    (["--executor", "ray", "--ray-workers", "64"], "--ray-workers 64: the cluster has room for"),
     (["--executor", "dask"], "--executor"),
 ])
 def test_bad_ray_flags_are_one_line_and_exit_2(capsys, tmp_path, flags, named):
