@@ -116,6 +116,10 @@ class RayExecutor:
         remote.add_done_callback(lambda f: self._finish(f, done, node, index))
         return done
 
+    def run_now(self, node: int, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None = None) -> Any:
+        """The job, waited for: the caller (the event loop) stands still for the round trip."""
+        return self.start(node, fn, args, kwargs, keep).result()[0]
+
     def _finish(self, remote, done, node: int, index: int) -> None:
         """Hand the job's outcome to `done`, always: the clock blocks on it."""
         import ray

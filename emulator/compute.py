@@ -91,6 +91,10 @@ class ThreadExecutor:
               keep: tuple | None = None) -> concurrent.futures.Future:
         return self.pool.submit(run_job, self.store, fn, args, kwargs, keep)
 
+    def run_now(self, node: int, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None = None) -> Any:
+        """The job, here and now (on the calling thread); its result."""
+        return run_job(self.store, fn, args, kwargs, keep)[0]
+
     def stats(self) -> dict:
         return {"kind": self.kind}
 
@@ -127,11 +131,16 @@ class Compute:
         """fn(*args, **kwargs) as node's job; its result, or with `keep` a handle to the result left where it ran.
 
         A job of no work (taking the state to send, mixing in what arrived) is bookkeeping,
-        not compute: it runs even while its node is offline, as it would inline.
+        not compute: it runs at once, without yielding to other nodes and whether its node
+        is online or not, as the same step would inline. (Yielding would let every node hold
+        the models it gathered until its turn: on a 256-node mesh, 256 x 255 models.)
         """
         target = (node, self._next_key(node)) if keep else None
+        if work == 0:
+            result = self.executor.run_now(node, fn, args, kwargs, target)
+            return Resident(*target) if keep else result
         availability = self.availability
-        if availability is None or work == 0:
+        if availability is None:
             result = await self._submit(node, fn, args, kwargs, work, target)
         else:
             result = await self._offline_aware(availability, node, fn, args, kwargs, work, target)

@@ -138,3 +138,28 @@ def test_bad_ray_flags_are_one_line_and_exit_2(capsys, tmp_path, flags, named):
     assert main(["--protocol", "gossip", "--nodes", "4", "--rounds", "1", "--out", str(out), *flags]) == 2
     assert_one_line_error(capsys, named)
     assert not out.exists()
+
+
+def test_worker_count_fits_the_cluster_and_the_nodes():
+    from emulator.cluster import _worker_count
+    from emulator.errors import UsageError
+
+    assert _worker_count({"CPU": 16.0}, nodes=10, workers=0, cpus=1, gpus=0) == 10  # one per node at most
+    assert _worker_count({"CPU": 16.0}, nodes=50, workers=0, cpus=4, gpus=0) == 4
+    assert _worker_count({"CPU": 16.0, "GPU": 1.0}, nodes=50, workers=0, cpus=1, gpus=0.25) == 4  # 4 share a GPU
+    with pytest.raises(UsageError, match="room for 0 workers"):
+        _worker_count({"CPU": 16.0}, nodes=50, workers=0, cpus=1, gpus=1)  # no GPU at all
+    with pytest.raises(UsageError, match="--ray-workers 3: the cluster has room for 2"):
+        _worker_count({"CPU": 2.0}, nodes=50, workers=3, cpus=1, gpus=0)
+
+
+def test_payload_bytes_are_the_tensor_bytes():
+    import torch
+
+    from emulator.cluster import payload_bytes
+    from emulator.compute import Resident
+
+    state = {"w": torch.zeros(3, 5), "b": torch.zeros(5, dtype=torch.float16)}
+    assert payload_bytes(state) == 4 * 15 + 2 * 5 + len("w") + len("b")
+    assert payload_bytes([(0.5, state)]) == 8 + payload_bytes(state)
+    assert payload_bytes(Resident(0, 1)) == 8  # a handle, not what it names
