@@ -60,12 +60,13 @@ def job_overhead(executor, jobs: int) -> tuple[float, float]:
     compute = Compute(ComputeModel("model", 0.0, 1.0, (1.0,) * 2), None, executor=executor)
     model = compute.keep(0, torch.nn.Linear(64, 10))
 
+    # work 1 at no cost per unit: charged nothing, but a compute job (work 0 would run at once, inline)
     async def one_at_a_time():
         for _ in range(jobs):
-            await compute.run(0, noop, (model,), {}, 0)
+            await compute.run(0, noop, (model,), {}, 1)
 
     async def all_at_once():
-        await asyncio.gather(*(compute.run(0, noop, (model,), {}, 0) for _ in range(jobs)))
+        await asyncio.gather(*(compute.run(0, noop, (model,), {}, 1) for _ in range(jobs)))
 
     timings = []
     for body in (one_at_a_time, all_at_once):

@@ -21,7 +21,13 @@ from .errors import UsageError, WorkerLost
 
 
 class NodeWorker:
-    """A Ray actor: the resident state of its nodes, and their jobs."""
+    """A Ray actor: the resident state of its nodes, and their jobs.
+
+    Compute jobs run one at a time; keeps and jobs of no work run in a concurrency group
+    of their own (QUICK), so that the driver, which waits for those, never waits behind
+    another node's training. A node's own jobs never overlap (it awaits each), and a job
+    waits until the objects it names have been kept.
+    """
 
     def __init__(self, threads: int):
         import torch
@@ -29,6 +35,7 @@ class NodeWorker:
         torch.set_num_threads(threads)
         self.store: dict[tuple[int, int], Any] = {}
         self.shared: dict[str, Any] = {}
+        self.kept = threading.Condition()
         self.device = "cuda" if _gpu_ids() else "cpu"
 
     def keep(self, node: int, key: int, value: Any, shared: list | None = None) -> None:
@@ -40,12 +47,18 @@ class NodeWorker:
 
                 self.shared[ref.hex()] = _to(ray.get(ref), self.device)
             value = self.shared[ref.hex()]
-        self.store[node, key] = _to(value, self.device)
+        with self.kept:
+            self.store[node, key] = _to(value, self.device)
+            self.kept.notify_all()
 
     def run(self, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None) -> tuple[Any, float]:
         """The job on this worker's device: what it received goes there too; its result comes back on the CPU."""
         args = tuple(_to(a, self.device) for a in args)
         kwargs = {k: _to(v, self.device) for k, v in kwargs.items()}
+        named = [(h.node, h.key) for h in (*args, *kwargs.values()) if isinstance(h, Resident)]
+        with self.kept:  # a keep sent before this job may still be on its way in the other group
+            if not self.kept.wait_for(lambda: all(key in self.store for key in named), timeout=_KEEP_WAIT):
+                raise RuntimeError(f"objects {named} were never kept on this worker")
         result, wall = run_job(self.store, fn, args, kwargs, keep)
         return _to(result, "cpu"), wall
 
@@ -74,8 +87,8 @@ class RayExecutor:
             _connect(ray, address)
         try:
             count = _worker_count(ray.cluster_resources(), nodes, workers, cpus_per_worker, gpus_per_worker)
-            actor = ray.remote(NodeWorker).options(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker,
-                                                   max_restarts=0)
+            actor = ray.remote(concurrency_groups={QUICK: 1})(NodeWorker).options(
+                num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)
             self.workers = [actor.remote(max(1, int(cpus_per_worker))) for _ in range(count)]
             self.usage = ray.get([w.usage.remote() for w in self.workers], timeout=300)
         except BaseException as exc:
@@ -92,7 +105,7 @@ class RayExecutor:
         size = payload_bytes(value)
         if size < _SHARE_ABOVE:
             self.bytes_kept += size
-            worker.keep.remote(node, key, value)
+            worker.keep.options(concurrency_group=QUICK).remote(node, key, value)
             return
         # Large: through the object store, once while the value lives (the global test split every node keeps).
         ref = self._shared.get(id(value))
@@ -102,23 +115,26 @@ class RayExecutor:
             ref = self._shared[id(value)] = ray.put(value)
             weakref.finalize(value, self._shared.pop, id(value), None)
             self.bytes_kept += size
-        worker.keep.remote(node, key, None, [ref])
+        worker.keep.options(concurrency_group=QUICK).remote(node, key, None, [ref])
 
     def start(self, node: int, fn: Callable, args: tuple, kwargs: dict,
-              keep: tuple | None = None) -> concurrent.futures.Future:
+              keep: tuple | None = None, group: str | None = None) -> concurrent.futures.Future:
         index = self.worker_of(node)
         sent = payload_bytes(args) + payload_bytes(kwargs)
         with self._lock:
             self.bytes_to_workers += sent
             self.jobs += 1
-        remote = self.workers[index].run.remote(fn, args, kwargs, keep).future()
+        run = self.workers[index].run
+        if group is not None:
+            run = run.options(concurrency_group=group)
+        remote = run.remote(fn, args, kwargs, keep).future()
         done: concurrent.futures.Future = concurrent.futures.Future()
         remote.add_done_callback(lambda f: self._finish(f, done, node, index))
         return done
 
     def run_now(self, node: int, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None = None) -> Any:
         """The job, waited for: the caller (the event loop) stands still for the round trip."""
-        return self.start(node, fn, args, kwargs, keep).result()[0]
+        return self.start(node, fn, args, kwargs, keep, group=QUICK).result()[0]
 
     def _finish(self, remote, done, node: int, index: int) -> None:
         """Hand the job's outcome to `done`, always: the clock blocks on it."""
@@ -186,6 +202,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+QUICK = "quick"  # the actors' concurrency group for keeps and jobs of no work
+_KEEP_WAIT = 600.0  # seconds a job waits for a keep sent before it
 _SHARE_ABOVE = 1 << 20  # bytes: a value this large is put in the object store once, however many nodes keep it
 
 
