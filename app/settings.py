@@ -121,11 +121,11 @@ HELP = {
                          "log2 n)), or a CSV file round,src,dst (undirected) or round,sender,receiver "
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
-    "workers": "executor threads (0: one per CPU core)",
+    "workers": "thread executor: threads (0: one per CPU core)",
     "executor": "where nodes' compute jobs run: thread (this process) or ray (Ray workers; pip install -e '.[ray]')",
     "ray_address": "ray: a running cluster, auto or HOST:PORT (unset: start a local Ray on this machine's cores)",
-    "ray_workers": "ray: worker processes, each holding its nodes' models and data (0: one per CPU of the cluster, "
-                   "as --ray-cpus-per-worker allows)",
+    "ray_workers": "ray: worker processes, each holding its nodes' models and data (0: as many as the cluster's "
+                   "CPUs and GPUs hold at --ray-cpus/gpus-per-worker, at most one per node)",
     "ray_cpus_per_worker": "ray: CPUs each worker reserves (also its torch threads)",
     "ray_gpus_per_worker": "ray: GPUs each worker reserves; a fraction (0.25) lets workers share a GPU",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>); it must not hold files yet",
