@@ -53,14 +53,15 @@ class NodeWorker:
 
     def run(self, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None) -> tuple[Any, float]:
         """The job on this worker's device: what it received goes there too; its result comes back on the CPU."""
-        args = tuple(_to(a, self.device) for a in args)
-        kwargs = {k: _to(v, self.device) for k, v in kwargs.items()}
+        if self.device != "cpu":
+            args = tuple(_to(a, self.device) for a in args)
+            kwargs = {k: _to(v, self.device) for k, v in kwargs.items()}
         named = [(h.node, h.key) for h in (*args, *kwargs.values()) if isinstance(h, Resident)]
         with self.kept:  # a keep sent before this job may still be on its way in the other group
             if not self.kept.wait_for(lambda: all(key in self.store for key in named), timeout=_KEEP_WAIT):
                 raise RuntimeError(f"objects {named} were never kept on this worker")
         result, wall = run_job(self.store, fn, args, kwargs, keep)
-        return _to(result, "cpu"), wall
+        return (result if self.device == "cpu" else _to(result, "cpu")), wall
 
     def usage(self) -> dict:
         return {"pid": os.getpid(), "peak_rss": peak_rss(), "device": self.device}
@@ -263,7 +264,7 @@ def payload_bytes(value: Any) -> int:
 
 def _to(value: Any, device: str) -> Any:
     """Tensors and modules in value on `device`; other values (handles too) as they are."""
-    if isinstance(value, Resident) or device == "cpu" and not _has_cuda(value):
+    if isinstance(value, Resident):
         return value
     if hasattr(value, "to") and hasattr(value, "is_cuda" if hasattr(value, "numel") else "parameters"):
         return value.to(device)
@@ -272,18 +273,6 @@ def _to(value: Any, device: str) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_to(v, device) for v in value)
     return value
-
-
-def _has_cuda(value: Any) -> bool:
-    if isinstance(value, Resident):
-        return False
-    if getattr(value, "is_cuda", False):
-        return True
-    if isinstance(value, dict):
-        return any(_has_cuda(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_cuda(v) for v in value)
-    return False
 
 
 def _gpu_ids() -> list:
