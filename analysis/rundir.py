@@ -75,6 +75,18 @@ def final_metrics(rows: list[dict]) -> dict[str, float]:
     return final
 
 
+def bytes_by_phase(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """Bytes sent and rounds per phase, for a protocol that logs a `phase` (fedmn: pretrain, fedmn); else {}."""
+    phase_of = {row["round"]: row["phase"] for row in rows if isinstance(row.get("phase"), str)}
+    phases: dict[str, dict[str, int]] = {}
+    for phase in phase_of.values():
+        phases.setdefault(phase, {"rounds": 0, "bytes_sent": 0})["rounds"] += 1
+    for row in rows:
+        if row["round"] in phase_of:
+            phases[phase_of[row["round"]]]["bytes_sent"] += int(row.get("bytes_sent", 0))
+    return phases
+
+
 def strict_json(obj: Any, nulled: dict[str, int]) -> str:
     """obj as JSON; NaN and infinities (which JSON does not have) become null, counted in
     `nulled` by the top-level key they were under."""

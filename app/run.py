@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 import topologies
-from analysis.rundir import RunDirWriter, final_metrics
+from analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
 from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
@@ -249,6 +249,7 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         "wall_seconds": wall,
         "emulated_seconds": emulation.clock.now,
         "final": final_metrics(rows),
+        **({"bytes_by_phase": phases} if (phases := bytes_by_phase(rows)) else {}),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
         **({"adversaries": sorted(adversaries.nodes)} if (adversaries := emulation.network.adversaries) else {}),
         **extra,

@@ -246,7 +246,7 @@ class LearningProtocol(Protocol):
         (On a Ray cluster the models live on the workers, whose memory is Ray's to manage.)"""
         if not self.env.state_in_process:
             return
-        model = self.workload.model(0)
+        model = self.initial_model(0)
         parameters = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         need, have = self.env.num_nodes * self.state_copies * parameters, physical_memory()
         if need > have:
@@ -261,7 +261,11 @@ class LearningProtocol(Protocol):
         tensor a handle whose len() is its sample count.
         """
         part = node.id if part is None else part
-        return node.keep(self.workload.model(part)), keep_data(node, self.workload.data(part))
+        return node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
+
+    def initial_model(self, part: int):
+        """Data holder `part`'s model before training (a protocol with a model of its own overrides this)."""
+        return self.workload.model(part)
 
     async def run_no_rounds(self, node):
         """--rounds 0: build the node's data and model, evaluate once."""

@@ -70,7 +70,7 @@ NORMS = ("batch", "group")
 
 # fork_rng swaps the process-wide CPU generator; serialise builds so two threads
 # building nodes at once never see each other's seed.
-_RNG_LOCK = threading.Lock()
+RNG_LOCK = threading.Lock()
 
 
 class SplitModel(nn.Module):
@@ -292,7 +292,7 @@ def build_model(
         raise ModelError(f"input shape must be (channels, height, width), got {tuple(in_shape)}")
     builder, d_z, bias = _shaped(spec, arch, widths, tuple(in_shape), d_z) if widths else (_BUILDERS[arch], d_z, False)
     # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
-    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+    with RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(init_seed)
         model = SplitModel(arch, builder(tuple(in_shape), d_z), d_z, d_p, hidden, num_classes, bias)
     if norm == "group":

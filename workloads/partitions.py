@@ -33,7 +33,15 @@ gives the same partition. Train and test samples are never shared between nodes.
   |test_c| / (M*n/K) per class (50 for CIFAR-10, M=100, n=2); the paper instead
   evaluates on every test image of the node's classes.
 
-iid, dirichlet and classes draw each node's test samples class by class in
+- ``mixture:components=3,alpha=0.4,samples=200``: FedEM-style (Marfoq et al. 2021). The K
+  classes are cut into C consecutive blocks, one per component: component c is the uniform
+  distribution over block c (class-conditional). Each node draws component weights
+  ~ Dir(alpha) and gets `samples` training samples split over the components in proportion,
+  each component's share split evenly over its classes. Its cluster is its heaviest
+  component; partition.json records every node's weights. When a class runs short, all
+  counts are scaled by one common factor and a note says so.
+
+iid, dirichlet, classes and mixture draw each node's test samples class by class in
 proportion to its share of that class's training samples, so test follows train.
 """
 
@@ -44,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards")
+PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture")
 
 # Per partition: option -> (type, default).
 _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
@@ -54,6 +62,7 @@ _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
     "mapl": {"scenario": (int, 1), "clusters": (int, 2), "overlap": (int, None),
              "samples": (int, 300), "low": (int, 100), "high": (int, 300), "test": (int, 15)},
     "shards": {"n": (int, 2)},
+    "mixture": {"components": (int, 3), "alpha": (float, 0.4), "samples": (int, 200)},
 }
 _DIRICHLET_DRAWS = 100
 
@@ -70,6 +79,7 @@ class NodeData:
     test: np.ndarray  # indices into dataset.test_x
     cluster: int | None
     classes: list[int]  # assigned classes (iid/dirichlet: the classes present), sorted
+    weights: list[float] | None = None  # mixture: the node's component weights
 
 
 @dataclass
@@ -93,6 +103,7 @@ class Partition:
                     "node": n.node,
                     "model": models[i],
                     "cluster": n.cluster,
+                    **({"weights": n.weights} if n.weights is not None else {}),
                     "train": _class_counts(y_train[n.train]),
                     "val": _class_counts(y_train[n.val]),
                     "test": _class_counts(y_test[n.test]),
@@ -359,7 +370,26 @@ def _shards(ctx: _Context, n: int) -> list[NodeData]:
     return _nodes(ctx, counts, _test_like_train(ctx, counts), classes=assigned)
 
 
-_BUILDERS = {"iid": _iid, "dirichlet": _dirichlet, "classes": _classes, "mapl": _mapl, "shards": _shards}
+def _mixture(ctx: _Context, components: int, alpha: float, samples: int) -> list[NodeData]:
+    K, M, C = ctx.num_classes, ctx.num_nodes, components
+    _require(1 <= C <= K, f"mixture: components must be in 1..{K}, got {C}")
+    _require(math.isfinite(alpha) and alpha > 0, f"mixture: alpha must be a positive number, got {alpha}")
+    _require(samples >= 1, f"mixture: samples must be at least 1, got {samples}")
+    blocks = np.array_split(np.arange(K), C)
+    weights = ctx.rng.dirichlet(np.full(C, alpha), size=M)
+    train = np.zeros((K, M), dtype=np.int64)
+    for i, w in enumerate(weights):
+        for block, count in zip(blocks, _proportional(samples, w)):
+            train[block, i] = _proportional(count, np.ones(len(block)))
+    train = _fit(train, ctx.train, "train", ctx.notes)
+    nodes = _nodes(ctx, train, _test_like_train(ctx, train), clusters=weights.argmax(1))
+    for node, w in zip(nodes, weights):
+        node.weights = [round(float(v), 6) for v in w]
+    return nodes
+
+
+_BUILDERS = {"iid": _iid, "dirichlet": _dirichlet, "classes": _classes, "mapl": _mapl, "shards": _shards,
+             "mixture": _mixture}
 
 
 def _class_counts(labels: np.ndarray) -> dict[str, int]:

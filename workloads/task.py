@@ -129,11 +129,11 @@ class Workload:
             return models.build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
                                assign=o.model_assign, assign_seed=self.env.seeds.stream("model.assign", part),
-                               init_seed=self._init_seed(part)).to(self.device)
+                               init_seed=self.init_seed(part)).to(self.device)
         except models.ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
-    def _init_seed(self, part: int) -> int:
+    def init_seed(self, part: int) -> int:
         """One stream for the common x0; one per data holder under --init independent."""
         key = () if self.options.init == "common" else (part,)
         return self.env.seeds.integer("model.init", *key)

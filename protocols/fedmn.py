@@ -1,0 +1,323 @@
+"""FedMN (Wang et al., "Personalized Federated Learning with Federated Modular Networks"), Algorithm 1.
+
+Every client holds a modular network and a routing hypernetwork (workloads/modular.py).
+Rounds 0..K-1 (--pretrain-rounds K) are FedAvg on the whole network, every connection on
+(the paper pretrains with FedAvg). Each later round t, on a star whose node 0 serves:
+  1. the server samples --clients-per-round clients and sends each the hypernetwork;
+  2. client m gets Pi_m from its whole local dataset (Eq. 10) and draws V_m with the binary
+     Concrete relaxation (Eq. 5), u ~ U(0,1) from its own generator: V_m = 1 where the relaxed
+     sample exceeds 1/2; it tells the server V_m;
+  3. the server sends m the active modules of V_m, and only those;
+  4. m trains with V_m fixed for the round: the forward pass uses V_m, while the gradient reaches
+     Pi_m through the relaxed sample at temperature tau_t (straight-through), which anneals
+     exponentially from --tau-start to --tau-end over the FedMN rounds;
+  5. m scores its model and sends back its active modules, the hypernetwork, V_m and |D_m|;
+  6. the server sets each tensor to the |D_m|-weighted mean over the clients that sent it: a
+     module is averaged over the clients for which it was active. The paper's weights
+     |D_m| / |D| are renormalised over those clients, so a module few clients use is not shrunk.
+fedmn-p2p runs the same rounds on any graph with no server: each node decides with its own
+hypernetwork, trains, sends its active modules and hypernetwork to its neighbours, and
+averages each tensor over itself and the neighbours that sent it, weighted by |D|.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emulator.errors import UsageError
+from emulator.protocol import register
+from workloads.lazy import LazyModule
+from workloads.modular import ROUTER, active_modules, binary_concrete, build_modular, connections, module_prefix, parse_modules
+from workloads.models import ModelError
+from workloads.training import batches, load_state
+
+from .common import (EVAL_COST, STATE, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
+                     last_rows, like, positive_int)
+from .fedavg import FedAvg, FedAvgOptions
+
+torch = LazyModule("torch")
+
+DECISION = "decision"  # V_m on the wire: E ints, 0 or 1
+SAMPLES = "samples"
+
+
+@dataclass
+class ModularOptions(CheckedOptions):
+    modules: str = field(default="2,2,2", metadata={
+        "help": "fedmn: blocks per layer N1,N2,...,NL: N1 encoders (the --model's backbone), then layers of "
+                "blocks; the last layer gives the logits"})
+    dropout: float = field(default=0.1, metadata={"help": "fedmn: dropout after each hidden block"})
+    pretrain_rounds: int = field(default=0, metadata={
+        "help": "fedmn: the first K of --rounds are FedAvg on the whole network (every connection on)"})
+    tau_start: float = field(default=1.0, metadata={"help": "fedmn: binary Concrete temperature of the first routed round"})
+    tau_end: float = field(default=0.1, metadata={"help": "fedmn: temperature of the last round (exponential decay)"})
+
+    def validate(self):
+        super().validate()
+        try:
+            parse_modules(self.modules)
+        except ModelError as exc:
+            raise UsageError(str(exc)) from None
+        check("dropout", self.dropout, 0 <= self.dropout < 1, "must be in [0, 1)")
+        check("pretrain-rounds", self.pretrain_rounds, self.pretrain_rounds >= 0, "must not be negative")
+        for flag, tau in (("tau-start", self.tau_start), ("tau-end", self.tau_end)):
+            check(flag, tau, tau > 0, "must be positive")
+        if self.model.startswith("hetero"):
+            raise UsageError(f"--model {self.model}: fedmn's encoders share one architecture; use e.g. cnn-small")
+
+
+@dataclass
+class FedMNOptions(ModularOptions, FedAvgOptions):
+    pass
+
+
+@dataclass
+class FedMNP2POptions(ModularOptions, TimeoutOptions, SGDOptions):
+    momentum: float = default(SGDOptions, "momentum", 0.0)
+    weight_decay: float = default(SGDOptions, "weight_decay", 0.0)
+
+
+# -- jobs: they run where the node's network lives
+
+def decide(network, x, y, generator, batch_size: int = 1024) -> tuple[list[int], list[int]]:
+    """Step 2: Pi over the whole dataset (Eq. 10), u ~ U(0,1), V = 1 where u > 1 - Pi, kept on the network.
+    Returns V and the route, 1 where Pi > 1/2: the decision the client draws most often."""
+    network.eval()
+    with torch.no_grad():
+        logits = sum(network.router(x[i:i + batch_size], y[i:i + batch_size]) * len(y[i:i + batch_size])
+                     for i in range(0, len(y), batch_size)) / len(y)
+    noise = torch.rand(logits.shape, generator=generator, device=logits.device)
+    network.noise = noise
+    network.decision.copy_(binary_concrete(torch.sigmoid(logits), noise, 1.0) > 0.5)
+    return [int(v) for v in network.decision.tolist()], [int(v > 0) for v in logits.tolist()]
+
+
+def wire_everything(network) -> tuple[list[int], list[int]]:
+    """Pretraining: every connection on."""
+    network.decision.fill_(1.0)
+    return [1] * len(network.decision), [1] * len(network.decision)
+
+
+def train(network, x, y, *, routed: bool, tau: float, epochs: int, steps: int, lr: float, momentum: float,
+          weight_decay: float, batch_size: int, generator) -> float:
+    """Step 4: local SGD under the round's decision; routed, the gates carry the relaxed sample's gradient."""
+    optimizer = torch.optim.SGD(network.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    network.train()
+    total, seen = 0.0, 0
+    for _ in range(1 if steps else epochs):
+        for idx in batches(len(y), batch_size, generator, steps):
+            if len(idx) < 2:
+                continue  # BatchNorm cannot train on a single sample
+            gates = network.decision
+            if routed:  # the batch's Pi estimates the dataset's; forward V, backward the relaxed sample
+                soft = binary_concrete(torch.sigmoid(network.router(x[idx], y[idx])), network.noise, tau)
+                gates = gates + soft - soft.detach()
+            loss = torch.nn.functional.cross_entropy(network(x[idx], gates, generator), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(idx)
+            seen += len(idx)
+    network.zero_grad(set_to_none=True)
+    return total / max(seen, 1)
+
+
+def average_modules(network, updates: list[tuple[int, dict]]) -> None:
+    """Step 6: each tensor <- its |D|-weighted mean over the updates that carry it; one none carries stays."""
+    state = network.state_dict()
+    names = dict.fromkeys(name for _, sent in updates for name in sent)
+    with torch.no_grad():
+        for name in names:
+            holders = [(n, sent[name]) for n, sent in updates if name in sent]
+            total = sum(n for n, _ in holders)
+            mean = sum(t.to(state[name].dtype) * (n / total) for n, t in holders)
+            state[name].copy_(mean)
+
+
+# -- what goes on the wire
+
+class Layout:
+    """Which state entries belong to which module, and checks of received bodies."""
+
+    def __init__(self, state: dict, widths: tuple[int, ...]):
+        self.widths, self.edges = widths, connections(widths)
+        self.tensors = {name: like(t) for name, t in state.items()}
+        self.router = [name for name in state if name.startswith(ROUTER)]
+        self.of_module = {(layer, j): [name for name in state if name.startswith(module_prefix(layer, j))]
+                          for layer, n in enumerate(widths) for j in range(n)}
+        self.everything = [1] * self.edges
+
+    def names(self, decision: list[int], router: bool) -> list[str]:
+        """The entries a message under `decision` carries: its active modules (and the hypernetwork)."""
+        names = [name for module in active_modules(self.widths, decision) for name in self.of_module[module]]
+        return names + self.router if router else names
+
+    def pick(self, state: dict, decision: list[int], router: bool) -> dict:
+        return {name: state[name] for name in self.names(decision, router)}
+
+    def is_decision(self, value) -> bool:
+        return isinstance(value, list) and len(value) == self.edges and all(type(v) is int and v in (0, 1) for v in value)
+
+    def is_state(self, value, names: list[str]) -> bool:
+        return (isinstance(value, dict) and value.keys() == set(names)
+                and all(self.tensors[name](t) for name, t in value.items()))
+
+    def update(self, routed: bool):
+        """A check of an update: the sender's active modules under its decision, and the hypernetwork when routed."""
+        def check(body) -> bool:
+            return (isinstance(body, dict) and body.keys() == {STATE, SAMPLES, DECISION}
+                    and positive_int(body[SAMPLES]) and self.is_decision(body[DECISION])
+                    and (routed or body[DECISION] == self.everything)
+                    and self.is_state(body[STATE], self.names(body[DECISION], routed)))
+        return check
+
+
+class Modular(LearningProtocol):
+    """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
+    state_copies = 12.0  # a [2x2x2] network holds about three cnn-small models' worth
+
+    def initial_model(self, part):
+        o, dataset = self.options, self.workload.dataset
+        return build_modular(o.model, parse_modules(o.modules), dataset.shape, dataset.num_classes, d_z=o.d_z,
+                             norm=o.norm, dropout=o.dropout, init_seed=self.workload.init_seed(part)).to(self.workload.device)
+
+    def routed(self, rnd: int) -> bool:
+        return rnd >= self.options.pretrain_rounds
+
+    def tau(self, rnd: int) -> float:
+        """tau_t = tau_start (tau_end / tau_start)^(t / (T - 1)) over the T routed rounds."""
+        o = self.options
+        span = max(self.env.rounds - o.pretrain_rounds - 1, 1)
+        return o.tau_start * (o.tau_end / o.tau_start) ** ((rnd - o.pretrain_rounds) / span)
+
+    async def decide(self, node, network, data) -> tuple[list[int], list[int]]:
+        """The round's decision V and route (see decide)."""
+        if not self.routed(node.round):
+            return await node.compute(wire_everything, network, work=0)
+        return await node.compute(decide, network, data.train_x, data.train_y, node.torch_generator,
+                                  work=len(data.train_y) * EVAL_COST)
+
+    async def train(self, node, network, data) -> float:
+        o, routed = self.options, self.routed(node.round)
+        samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
+        encoders = parse_modules(o.modules)[0] + routed  # a sample costs about one pass per encoder
+        return await node.compute(
+            train, network, data.train_x, data.train_y, routed=routed, tau=self.tau(node.round),
+            epochs=o.local_epochs, steps=o.local_steps, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
+            batch_size=o.batch_size, generator=node.torch_generator, work=samples * encoders)
+
+    def report(self, node, decision: list[int], route: list[int], component, **metrics) -> None:
+        bits, route = "".join(map(str, decision)), "".join(map(str, route))
+        node.record("decisions", decision=bits, route=route, component=component)
+        node.log(phase="fedmn" if self.routed(node.round) else "pretrain", decision=bits, route=route, **metrics)
+
+    def summary(self, records):
+        """Per kind (decision: the last V drawn; route: Pi > 1/2), the share of nodes whose last one is their
+        component's most common one, and those majorities."""
+        last = last_rows(records, "decisions").values()
+        out = {}
+        for kind in ("decision", "route"):
+            by_component: dict = {}
+            for row in last:
+                by_component.setdefault(str(row["component"]), []).append(row[kind])
+            majority = {c: max(sorted(set(d)), key=d.count) for c, d in sorted(by_component.items())}
+            agree = sum(row[kind] == majority[str(row["component"])] for row in last)
+            out[f"{kind}_agreement"] = agree / len(last) if last else None
+            out[f"majority_{kind}s"] = majority
+        return out
+
+
+@register("fedmn")
+class FedMN(Modular, FedAvg):
+    """FedMN on a star: a server averages each module over the clients for which it was active."""
+    Options = FedMNOptions
+
+    async def _serve(self, node):
+        o = self.options
+        network = node.keep(self.initial_model(0))
+        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        for _ in node.rounds():
+            routed = self.routed(node.round)
+            reachable = node.neighbours
+            sampled = self._sample(node, reachable)
+            state = await self.state(node, network)
+            if routed:  # 1-3
+                decisions = await self._decisions(node, {STATE: {name: state[name] for name in layout.router}}, sampled, layout)
+                for client, decision in decisions.items():
+                    node.send(client, "blocks", {STATE: layout.pick(state, decision, False)})
+            else:
+                decisions = dict.fromkeys(sampled, layout.everything)
+                node.broadcast("model", {STATE: layout.pick(state, layout.everything, False)}, to=sampled)
+            node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
+            updates = await node.gather("update", peers=sorted(decisions), timeout=o.timeout, valid=layout.update(routed))
+            await node.compute(average_modules, network, [(m.body[SAMPLES], m.body[STATE]) for m in updates.values()],
+                               work=0)  # 6
+            node.log(heard_from=len(updates), phase="fedmn" if routed else "pretrain")
+
+    async def _decisions(self, node, router: dict, sampled: list[int], layout: Layout) -> dict[int, list[int]]:
+        node.broadcast("model", router, to=sampled)
+        heard = await node.gather("decision", peers=sampled, timeout=self.options.timeout,
+                                  valid=lambda body: isinstance(body, dict) and body.keys() == {DECISION}
+                                  and layout.is_decision(body[DECISION]))
+        return {client: message.body[DECISION] for client, message in heard.items()}
+
+    async def _client(self, node):
+        o = self.options
+        network, data = self.hold(node, self.part[node.id])
+        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        first = lambda body: (isinstance(body, dict) and body.keys() == {STATE}  # noqa: E731
+                              and (layout.is_state(body[STATE], layout.router)
+                                   or layout.is_state(body[STATE], layout.names(layout.everything, False))))
+        message = None
+        for _ in node.rounds():
+            if message is None or message.round < node.round:
+                message = await self._next_model(node, first)
+            if message is None or message.round > node.round or message.body is None:
+                continue  # the server fell silent; or it is rounds ahead; or not sampled
+            routed = self.routed(node.round)
+            await node.compute(load_state, network, message.body[STATE], work=0)
+            decision, route = await self.decide(node, network, data)  # 2
+            if routed:
+                node.send(self.server, "decision", {DECISION: decision})
+                blocks = await node.gather("blocks", peers=[self.server], timeout=2 * o.timeout,
+                                           valid=lambda body: isinstance(body, dict) and body.keys() == {STATE}
+                                           and layout.is_state(body[STATE], layout.names(decision, False)))
+                if not blocks:
+                    continue
+                await node.compute(load_state, network, blocks[self.server].body[STATE], work=0)  # 3
+            loss = await self.train(node, network, data)  # 4
+            scores = await self.evaluate(node, network, data)  # 5
+            body = {STATE: layout.pick(await self.state(node, network), decision, routed), SAMPLES: len(data.train_y),
+                    DECISION: decision}
+            node.send(self.server, "update", body)
+            self.report(node, decision, route, data.cluster, train_loss=loss, **scores)
+
+    async def run_no_rounds(self, node):
+        if node.id != self.server:
+            network, data = self.hold(node, self.part[node.id])
+            node.log(**await self.scores(node, network, data))
+
+    def summary(self, records):
+        return {**FedAvg.summary(self, records), **Modular.summary(self, records)}
+
+
+@register("fedmn-p2p")
+class FedMNP2P(Modular):
+    """FedMN with no server: each node averages each module with the neighbours for which it was active."""
+    Options = FedMNP2POptions
+
+    async def run(self, node):
+        o = self.options
+        network, data = self.hold(node)
+        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        for _ in node.rounds():
+            routed = self.routed(node.round)
+            decision, route = await self.decide(node, network, data)
+            loss = await self.train(node, network, data)
+            body = {STATE: layout.pick(await self.state(node, network), decision, routed), SAMPLES: len(data.train_y),
+                    DECISION: decision}
+            node.broadcast("blocks", body)
+            heard = await node.gather("blocks", timeout=o.timeout, valid=layout.update(routed))
+            await node.compute(average_modules, network, [(body[SAMPLES], body[STATE])]
+                               + [(m.body[SAMPLES], m.body[STATE]) for m in heard.values()], work=0)
+            self.report(node, decision, route, data.cluster, train_loss=loss, heard_from=len(heard),
+                        **await self.evaluate(node, network, data))
