@@ -10,7 +10,8 @@ pretrains. FedAvg and FedMN run on a star of --clients clients plus a server (no
 FedMN-P2P on --clients nodes (FedMN-P2P on a 4-regular graph). "fedavg, whole network" is fedmn
 with every round a pretraining round: FedAvg sending the whole modular network.
 
-MB/round is all nodes' bytes per round, over FedMN's routed rounds for the FedMN rows. Agreement is
+MB/round is all nodes' bytes per round, over FedMN's routed rounds for the FedMN rows; "first 5" is over
+the first five routed rounds (rounds 5-9 for every row), while the router is still undecided. Agreement is
 the share of clients whose last route (Pi > 1/2) and last drawn decision V are their component's most
 common one. Every run goes through app.cli.main into OUT/<name>-s<seed> (a rerun reuses finished
 runs); the Markdown table is OUT/fedmn_table.md (also printed).
@@ -22,6 +23,7 @@ import statistics
 from pathlib import Path
 
 from analysis.output import markdown, spread
+from analysis.rundir import load_run
 from app.sweep import run_once
 
 PRETRAIN = 5
@@ -52,13 +54,20 @@ def per_round(summary: dict) -> float:
     return summary["bytes_total"] / summary["rounds"] / 1e6
 
 
-def row(label: str, summaries: list[dict], fedavg_mb: float) -> list[str]:
+def early(run: Path) -> float:
+    """MB per round over rounds PRETRAIN .. PRETRAIN + 4."""
+    rounds = range(PRETRAIN, PRETRAIN + 5)
+    return sum(r["bytes_sent"] for r in load_run(run).metrics if r["round"] in rounds) / len(rounds) / 1e6
+
+
+def row(label: str, runs: list[Path], fedavg_mb: float) -> list[str]:
+    summaries = [load_run(run).summary for run in runs]
     mb = statistics.fmean(per_round(s) for s in summaries)
     agreement = [spread([s[key] for s in summaries], ".2f") if key in summaries[0] else "–"
                  for key in ("route_agreement", "decision_agreement")]
     return [label, spread([s["final"]["test_acc"] for s in summaries], ".3f"),
             f"{statistics.fmean(s['final']['test_acc_std'] for s in summaries):.3f}",
-            f"{mb:.2f}", f"{mb / fedavg_mb:.2f}", *agreement]
+            f"{mb:.2f}", f"{mb / fedavg_mb:.2f}", f"{statistics.fmean(early(run) for run in runs):.2f}", *agreement]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,15 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args(argv)
     out = Path(args.out)
-    runs = {name: (label, [run_once(out / f"{name}-s{seed}", [*flags_for(flags, args.clients, args.rounds), *WORKLOAD,
-                                                                "--rounds", str(args.rounds), "--seed", str(seed)])
-                           for seed in args.seeds])
-            for name, label, flags in METHODS}
-    fedavg_mb = statistics.fmean(per_round(s) for s in runs["fedavg"][1])
-    rows = [row(label, summaries, fedavg_mb) for label, summaries in runs.values()]
+    runs = {}
+    for name, label, flags in METHODS:
+        runs[name] = (label, [out / f"{name}-s{seed}" for seed in args.seeds])
+        for run, seed in zip(runs[name][1], args.seeds):
+            run_once(run, [*flags_for(flags, args.clients, args.rounds), *WORKLOAD, "--rounds", str(args.rounds),
+                           "--seed", str(seed)])
+    fedavg_mb = statistics.fmean(per_round(load_run(run).summary) for run in runs["fedavg"][1])
+    rows = [row(label, paths, fedavg_mb) for label, paths in runs.values()]
     report = (f"# FedMN: digits, mixture:components=3, {args.clients} clients, {args.rounds} rounds\n\n"
               + markdown(["method", "test acc (client mean, ± over seeds)", "std over clients", "MB/round",
-                          "× fedavg bytes", "route agreement", "decision agreement"], rows)
+                          "× fedavg bytes", "MB/round, first 5", "route agreement", "decision agreement"], rows)
               + f"\n\nSeeds: {', '.join(map(str, args.seeds))}.\n")
     (out / "fedmn_table.md").write_text(report)
     print(report)

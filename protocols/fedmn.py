@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.modular import ROUTER, active_modules, binary_concrete, build_modular, connections, module_prefix, parse_modules
+from workloads.modular import (ROUTER, active_modules, binary_concrete, build_modular, connections, module_prefix,
+                               parse_modules)
 from workloads.models import ModelError
 from workloads.training import batches, load_state
 
@@ -48,7 +49,8 @@ class ModularOptions(CheckedOptions):
     dropout: float = field(default=0.1, metadata={"help": "fedmn: dropout after each hidden block"})
     pretrain_rounds: int = field(default=0, metadata={
         "help": "fedmn: the first K of --rounds are FedAvg on the whole network (every connection on)"})
-    tau_start: float = field(default=1.0, metadata={"help": "fedmn: binary Concrete temperature of the first routed round"})
+    tau_start: float = field(default=1.0, metadata={
+        "help": "fedmn: binary Concrete temperature of the first routed round"})
     tau_end: float = field(default=0.1, metadata={"help": "fedmn: temperature of the last round (exponential decay)"})
 
     def validate(self):
@@ -155,7 +157,8 @@ class Layout:
         return {name: state[name] for name in self.names(decision, router)}
 
     def is_decision(self, value) -> bool:
-        return isinstance(value, list) and len(value) == self.edges and all(type(v) is int and v in (0, 1) for v in value)
+        return (isinstance(value, list) and len(value) == self.edges
+                and all(type(v) is int and v in (0, 1) for v in value))
 
     def is_state(self, value, names: list[str]) -> bool:
         return (isinstance(value, dict) and value.keys() == set(names)
@@ -177,8 +180,9 @@ class Modular(LearningProtocol):
 
     def initial_model(self, part):
         o, dataset = self.options, self.workload.dataset
-        return build_modular(o.model, parse_modules(o.modules), dataset.shape, dataset.num_classes, d_z=o.d_z,
-                             norm=o.norm, dropout=o.dropout, init_seed=self.workload.init_seed(part)).to(self.workload.device)
+        network = build_modular(o.model, parse_modules(o.modules), dataset.shape, dataset.num_classes, d_z=o.d_z,
+                                norm=o.norm, dropout=o.dropout, init_seed=self.workload.init_seed(part))
+        return network.to(self.workload.device)
 
     def routed(self, rnd: int) -> bool:
         return rnd >= self.options.pretrain_rounds
@@ -241,14 +245,16 @@ class FedMN(Modular, FedAvg):
             sampled = self._sample(node, reachable)
             state = await self.state(node, network)
             if routed:  # 1-3
-                decisions = await self._decisions(node, {STATE: {name: state[name] for name in layout.router}}, sampled, layout)
+                router = {STATE: {name: state[name] for name in layout.router}}
+                decisions = await self._decisions(node, router, sampled, layout)
                 for client, decision in decisions.items():
                     node.send(client, "blocks", {STATE: layout.pick(state, decision, False)})
             else:
                 decisions = dict.fromkeys(sampled, layout.everything)
                 node.broadcast("model", {STATE: layout.pick(state, layout.everything, False)}, to=sampled)
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
-            updates = await node.gather("update", peers=sorted(decisions), timeout=o.timeout, valid=layout.update(routed))
+            updates = await node.gather("update", peers=sorted(decisions), timeout=o.timeout,
+                                        valid=layout.update(routed))
             await node.compute(average_modules, network, [(m.body[SAMPLES], m.body[STATE]) for m in updates.values()],
                                work=0)  # 6
             node.log(heard_from=len(updates), phase="fedmn" if routed else "pretrain")

@@ -119,11 +119,13 @@ def test_only_active_modules_and_the_hypernetwork_cross_the_wire_exactly(star):
     summary, metrics, out, _ = star
     reference = float_state(_network())
     decision = {(r["round"], r["node"]): [int(c) for c in r["decision"]] for r in metrics if "decision" in r}
-    samples = {n["node"] + 1: sum(n["train"].values()) for n in json.loads((out / "partition.json").read_text())["nodes"]}
+    clients = json.loads((out / "partition.json").read_text())["nodes"]
+    samples = {n["node"] + 1: sum(n["train"].values()) for n in clients}  # client k holds part k - 1
     router = [k for k in reference if k.startswith("router.")]
 
     def modules(bits):
-        return [k for layer, j in active_modules(WIDTHS, bits) for k in reference if k.startswith(f"layers.{layer}.{j}.")]
+        prefixes = tuple(f"layers.{layer}.{j}." for layer, j in active_modules(WIDTHS, bits))
+        return [k for k in reference if k.startswith(prefixes)]
 
     def size(kind, rnd, body):
         return len(wire.encode([kind, rnd, body]))

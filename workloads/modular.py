@@ -138,7 +138,8 @@ class ModularNetwork(nn.Module):
             if layer:
                 inputs = torch.stack(outputs)
                 c = mats[layer - 1]
-                inputs = torch.einsum("jk,k...->j...", c, inputs) / c.sum(1).clamp(min=1).view(-1, *[1] * (inputs.dim() - 1))
+                counts = c.sum(1).clamp(min=1).view(-1, *[1] * (inputs.dim() - 1))
+                inputs = torch.einsum("jk,k...->j...", c, inputs) / counts
             else:
                 inputs = outputs
             last = layer == len(self.layers) - 1

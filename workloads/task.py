@@ -33,7 +33,8 @@ class WorkloadOptions:
     data_root: str = field(default="", metadata=_help("directory holding the dataset files"))
     download: bool = field(default=False, metadata=_help("let torchvision download the dataset (needs internet)"))
     partition: str = field(default="iid", metadata=_help(
-        "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2"))
+        "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2, "
+        "mixture:components=3[,alpha=0.4,samples=200]"))
     val_fraction: float = field(default=0.0, metadata=_help("share of each node's train split held out for validation"))
     model: str = field(default="cnn-small", metadata=_help(
         "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small; "
