@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rich import box
+from rich.table import Table
+
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
@@ -228,6 +231,21 @@ class Modular(LearningProtocol):
             out[f"{kind}_agreement"] = agree / len(last) if last else None
             out[f"majority_{kind}s"] = majority
         return out
+
+    def render(self, console, summary) -> None:
+        """Traffic per phase and, per component, its most common last route."""
+        table = Table(title="fedmn: traffic by phase, routes by component", box=box.SIMPLE_HEAD)
+        table.add_column("")
+        table.add_column("value", justify="right")
+        for phase, entry in summary.get("bytes_by_phase", {}).items():
+            table.add_row(f"{phase} bytes per round", f"{entry['bytes_sent'] / max(entry['rounds'], 1):,.0f}")
+        for component, route in summary.get("majority_routes", {}).items():
+            who = "every node" if component == "None" else f"component {component}"  # None: no mixture partition
+            table.add_row(f"{who}: most common route", route)
+        if summary.get("route_agreement") is not None:
+            table.add_row("route agreement", f"{summary['route_agreement']:.2f}")
+            table.add_row("decision agreement", f"{summary['decision_agreement']:.2f}")
+        console.print(table)
 
 
 @register("fedmn")
