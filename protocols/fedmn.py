@@ -29,9 +29,6 @@ from rich.table import Table
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.modular import (ROUTER, active_modules, binary_concrete, build_modular, connections, module_prefix,
-                               parse_modules)
-from workloads.models import ModelError
 from workloads.training import batches, load_state
 
 from .common import (EVAL_COST, STATE, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
@@ -39,6 +36,7 @@ from .common import (EVAL_COST, STATE, CheckedOptions, LearningProtocol, SGDOpti
 from .fedavg import FedAvg, FedAvgOptions
 
 torch = LazyModule("torch")
+modular = LazyModule("workloads.modular")  # torch comes with it: not at import, so --help stays light
 
 DECISION = "decision"  # V_m on the wire: E ints, 0 or 1
 SAMPLES = "samples"
@@ -59,8 +57,8 @@ class ModularOptions(CheckedOptions):
     def validate(self):
         super().validate()
         try:
-            parse_modules(self.modules)
-        except ModelError as exc:
+            modular.parse_modules(self.modules)
+        except ValueError as exc:  # a ModelError
             raise UsageError(str(exc)) from None
         check("dropout", self.dropout, 0 <= self.dropout < 1, "must be in [0, 1)")
         check("pretrain-rounds", self.pretrain_rounds, self.pretrain_rounds >= 0, "must not be negative")
@@ -92,7 +90,7 @@ def decide(network, x, y, generator, batch_size: int = 1024) -> tuple[list[int],
                      for i in range(0, len(y), batch_size)) / len(y)
     noise = torch.rand(logits.shape, generator=generator, device=logits.device)
     network.noise = noise
-    network.decision.copy_(binary_concrete(torch.sigmoid(logits), noise, 1.0) > 0.5)
+    network.decision.copy_(modular.binary_concrete(torch.sigmoid(logits), noise, 1.0) > 0.5)
     return [int(v) for v in network.decision.tolist()], [int(v > 0) for v in logits.tolist()]
 
 
@@ -114,7 +112,7 @@ def train(network, x, y, *, routed: bool, tau: float, epochs: int, steps: int, l
                 continue  # BatchNorm cannot train on a single sample
             gates = network.decision
             if routed:  # the batch's Pi estimates the dataset's; forward V, backward the relaxed sample
-                soft = binary_concrete(torch.sigmoid(network.router(x[idx], y[idx])), network.noise, tau)
+                soft = modular.binary_concrete(torch.sigmoid(network.router(x[idx], y[idx])), network.noise, tau)
                 gates = gates + soft - soft.detach()
             loss = torch.nn.functional.cross_entropy(network(x[idx], gates, generator), y[idx])
             optimizer.zero_grad(set_to_none=True)
@@ -144,16 +142,17 @@ class Layout:
     """Which state entries belong to which module, and checks of received bodies."""
 
     def __init__(self, state: dict, widths: tuple[int, ...]):
-        self.widths, self.edges = widths, connections(widths)
+        self.widths, self.edges = widths, modular.connections(widths)
         self.tensors = {name: like(t) for name, t in state.items()}
-        self.router = [name for name in state if name.startswith(ROUTER)]
-        self.of_module = {(layer, j): [name for name in state if name.startswith(module_prefix(layer, j))]
+        self.router = [name for name in state if name.startswith(modular.ROUTER)]
+        self.of_module = {(layer, j): [name for name in state if name.startswith(modular.module_prefix(layer, j))]
                           for layer, n in enumerate(widths) for j in range(n)}
         self.everything = [1] * self.edges
 
     def names(self, decision: list[int], router: bool) -> list[str]:
         """The entries a message under `decision` carries: its active modules (and the hypernetwork)."""
-        names = [name for module in active_modules(self.widths, decision) for name in self.of_module[module]]
+        active = modular.active_modules(self.widths, decision)
+        names = [name for module in active for name in self.of_module[module]]
         return names + self.router if router else names
 
     def pick(self, state: dict, decision: list[int], router: bool) -> dict:
@@ -183,8 +182,9 @@ class Modular(LearningProtocol):
 
     def initial_model(self, part):
         o, dataset = self.options, self.workload.dataset
-        network = build_modular(o.model, parse_modules(o.modules), dataset.shape, dataset.num_classes, d_z=o.d_z,
-                                norm=o.norm, dropout=o.dropout, init_seed=self.workload.init_seed(part))
+        network = modular.build_modular(o.model, modular.parse_modules(o.modules), dataset.shape, dataset.num_classes,
+                                        d_z=o.d_z, norm=o.norm, dropout=o.dropout,
+                                        init_seed=self.workload.init_seed(part))
         return network.to(self.workload.device)
 
     def routed(self, rnd: int) -> bool:
@@ -206,7 +206,7 @@ class Modular(LearningProtocol):
     async def train(self, node, network, data) -> float:
         o, routed = self.options, self.routed(node.round)
         samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
-        encoders = parse_modules(o.modules)[0] + routed  # a sample costs about one pass per encoder
+        encoders = modular.parse_modules(o.modules)[0] + routed  # a sample costs about one pass per encoder
         return await node.compute(
             train, network, data.train_x, data.train_y, routed=routed, tau=self.tau(node.round),
             epochs=o.local_epochs, steps=o.local_steps, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
@@ -256,7 +256,7 @@ class FedMN(Modular, FedAvg):
     async def _serve(self, node):
         o = self.options
         network = node.keep(self.initial_model(0))
-        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
         for _ in node.rounds():
             routed = self.routed(node.round)
             reachable = node.neighbours
@@ -287,7 +287,7 @@ class FedMN(Modular, FedAvg):
     async def _client(self, node):
         o = self.options
         network, data = self.hold(node, self.part[node.id])
-        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
         first = lambda body: (isinstance(body, dict) and body.keys() == {STATE}  # noqa: E731
                               and (layout.is_state(body[STATE], layout.router)
                                    or layout.is_state(body[STATE], layout.names(layout.everything, False))))
@@ -332,7 +332,7 @@ class FedMNP2P(Modular):
     async def run(self, node):
         o = self.options
         network, data = self.hold(node)
-        layout = Layout(await self.state(node, network), parse_modules(o.modules))
+        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
         for _ in node.rounds():
             routed = self.routed(node.round)
             decision, route = await self.decide(node, network, data)
