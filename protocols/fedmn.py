@@ -29,10 +29,10 @@ from rich.table import Table
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.training import batches, load_state
+from workloads.training import load_state, sgd
 
 from .common import (EVAL_COST, STATE, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
-                     last_rows, like, positive_int)
+                     expects, last_rows, like, positive_int)
 from .fedavg import FedAvg, FedAvgOptions
 
 torch = LazyModule("torch")
@@ -81,7 +81,7 @@ class FedMNP2POptions(ModularOptions, TimeoutOptions, SGDOptions):
 
 # -- jobs: they run where the node's network lives
 
-def decide(network, x, y, generator, batch_size: int = 1024) -> tuple[list[int], list[int]]:
+def draw_decision(network, x, y, generator, batch_size: int = 1024) -> tuple[list[int], list[int]]:
     """Step 2: Pi over the whole dataset (Eq. 10), u ~ U(0,1), V = 1 where u > 1 - Pi, kept on the network.
     Returns V and the route, 1 where Pi > 1/2: the decision the client draws most often."""
     network.eval()
@@ -100,28 +100,16 @@ def wire_everything(network) -> tuple[list[int], list[int]]:
     return [1] * len(network.decision), [1] * len(network.decision)
 
 
-def train(network, x, y, *, routed: bool, tau: float, epochs: int, steps: int, lr: float, momentum: float,
-          weight_decay: float, batch_size: int, generator) -> float:
+def routed_sgd(network, x, y, *, routed: bool, tau: float, generator, **options) -> tuple[float, int]:
     """Step 4: local SGD under the round's decision; routed, the gates carry the relaxed sample's gradient."""
-    optimizer = torch.optim.SGD(network.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    network.train()
-    total, seen = 0.0, 0
-    for _ in range(1 if steps else epochs):
-        for idx in batches(len(y), batch_size, generator, steps):
-            if len(idx) < 2:
-                continue  # BatchNorm cannot train on a single sample
-            gates = network.decision
-            if routed:  # the batch's Pi estimates the dataset's; forward V, backward the relaxed sample
-                soft = modular.binary_concrete(torch.sigmoid(network.router(x[idx], y[idx])), network.noise, tau)
-                gates = gates + soft - soft.detach()
-            loss = torch.nn.functional.cross_entropy(network(x[idx], gates, generator), y[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(idx)
-            seen += len(idx)
-    network.zero_grad(set_to_none=True)
-    return total / max(seen, 1)
+    def forward(x_batch, y_batch):
+        gates = network.decision
+        if routed:  # the batch's Pi estimates the dataset's; forward V, backward the relaxed sample
+            soft = modular.binary_concrete(torch.sigmoid(network.router(x_batch, y_batch)), network.noise, tau)
+            gates = gates + soft - soft.detach()
+        return network(x_batch, gates, generator)
+
+    return sgd(network, x, y, generator=generator, forward=forward, **options)
 
 
 def average_modules(network, updates: list[tuple[int, dict]]) -> None:
@@ -166,23 +154,30 @@ class Layout:
         return (isinstance(value, dict) and value.keys() == set(names)
                 and all(self.tensors[name](t) for name, t in value.items()))
 
+    def carrying(self, *entries: list[str]):
+        """A check of a body {STATE: ...} that holds exactly one of these lists of entries."""
+        return expects(**{STATE: lambda state: any(self.is_state(state, names) for names in entries)})
+
     def update(self, routed: bool):
         """A check of an update: the sender's active modules under its decision, and the hypernetwork when routed."""
+        fields = expects(**{STATE: dict, SAMPLES: positive_int, DECISION: self.is_decision})
+
         def check(body) -> bool:
-            return (isinstance(body, dict) and body.keys() == {STATE, SAMPLES, DECISION}
-                    and positive_int(body[SAMPLES]) and self.is_decision(body[DECISION])
-                    and (routed or body[DECISION] == self.everything)
+            return (fields(body) and (routed or body[DECISION] == self.everything)
                     and self.is_state(body[STATE], self.names(body[DECISION], routed)))
         return check
 
 
 class Modular(LearningProtocol):
     """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
-    state_copies = 12.0  # a [2x2x2] network holds about three cnn-small models' worth
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return modular.parse_modules(self.options.modules)
 
     def initial_model(self, part):
         o, dataset = self.options, self.workload.dataset
-        network = modular.build_modular(o.model, modular.parse_modules(o.modules), dataset.shape, dataset.num_classes,
+        network = modular.build_modular(o.model, self.widths, dataset.shape, dataset.num_classes,
                                         d_z=o.d_z, norm=o.norm, dropout=o.dropout,
                                         init_seed=self.workload.init_seed(part))
         return network.to(self.workload.device)
@@ -197,20 +192,21 @@ class Modular(LearningProtocol):
         return o.tau_start * (o.tau_end / o.tau_start) ** ((rnd - o.pretrain_rounds) / span)
 
     async def decide(self, node, network, data) -> tuple[list[int], list[int]]:
-        """The round's decision V and route (see decide)."""
+        """The round's decision V and route (see draw_decision)."""
         if not self.routed(node.round):
             return await node.compute(wire_everything, network, work=0)
-        return await node.compute(decide, network, data.train_x, data.train_y, node.torch_generator,
+        return await node.compute(draw_decision, network, data.train_x, data.train_y, node.torch_generator,
                                   work=len(data.train_y) * EVAL_COST)
 
     async def train(self, node, network, data) -> float:
-        o, routed = self.options, self.routed(node.round)
-        samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
-        encoders = modular.parse_modules(o.modules)[0] + routed  # a sample costs about one pass per encoder
-        return await node.compute(
-            train, network, data.train_x, data.train_y, routed=routed, tau=self.tau(node.round),
-            epochs=o.local_epochs, steps=o.local_steps, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
-            batch_size=o.batch_size, generator=node.torch_generator, work=samples * encoders)
+        routed = self.routed(node.round)
+        return await super().train(node, network, data, job=routed_sgd, routed=routed, tau=self.tau(node.round),
+                                   passes=self.widths[0] + routed)  # a sample: one pass per encoder
+
+    async def update(self, node, network, layout: Layout, decision: list[int], data) -> dict:
+        """Step 5's body: the active modules (and the hypernetwork, when routed), |D| and V."""
+        state = layout.pick(await self.state(node, network), decision, self.routed(node.round))
+        return {STATE: state, SAMPLES: len(data.train_y), DECISION: decision}
 
     def report(self, node, decision: list[int], route: list[int], component, **metrics) -> None:
         bits, route = "".join(map(str, decision)), "".join(map(str, route))
@@ -256,7 +252,7 @@ class FedMN(Modular, FedAvg):
     async def _serve(self, node):
         o = self.options
         network = node.keep(self.initial_model(0))
-        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
+        layout = Layout(await self.state(node, network), self.widths)
         for _ in node.rounds():
             routed = self.routed(node.round)
             reachable = node.neighbours
@@ -280,17 +276,14 @@ class FedMN(Modular, FedAvg):
     async def _decisions(self, node, router: dict, sampled: list[int], layout: Layout) -> dict[int, list[int]]:
         node.broadcast("model", router, to=sampled)
         heard = await node.gather("decision", peers=sampled, timeout=self.options.timeout,
-                                  valid=lambda body: isinstance(body, dict) and body.keys() == {DECISION}
-                                  and layout.is_decision(body[DECISION]))
+                                  valid=expects(**{DECISION: layout.is_decision}))
         return {client: message.body[DECISION] for client, message in heard.items()}
 
     async def _client(self, node):
         o = self.options
         network, data = self.hold(node, self.part[node.id])
-        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
-        first = lambda body: (isinstance(body, dict) and body.keys() == {STATE}  # noqa: E731
-                              and (layout.is_state(body[STATE], layout.router)
-                                   or layout.is_state(body[STATE], layout.names(layout.everything, False))))
+        layout = Layout(await self.state(node, network), self.widths)
+        first = layout.carrying(layout.router, layout.names(layout.everything, False))  # routed, or pretraining
         message = None
         for _ in node.rounds():
             if message is None or message.round < node.round:
@@ -303,16 +296,13 @@ class FedMN(Modular, FedAvg):
             if routed:
                 node.send(self.server, "decision", {DECISION: decision})
                 blocks = await node.gather("blocks", peers=[self.server], timeout=2 * o.timeout,
-                                           valid=lambda body: isinstance(body, dict) and body.keys() == {STATE}
-                                           and layout.is_state(body[STATE], layout.names(decision, False)))
+                                           valid=layout.carrying(layout.names(decision, False)))
                 if not blocks:
                     continue
                 await node.compute(load_state, network, blocks[self.server].body[STATE], work=0)  # 3
             loss = await self.train(node, network, data)  # 4
             scores = await self.evaluate(node, network, data)  # 5
-            body = {STATE: layout.pick(await self.state(node, network), decision, routed), SAMPLES: len(data.train_y),
-                    DECISION: decision}
-            node.send(self.server, "update", body)
+            node.send(self.server, "update", await self.update(node, network, layout, decision, data))
             self.report(node, decision, route, data.cluster, train_loss=loss, **scores)
 
     async def run_no_rounds(self, node):
@@ -332,13 +322,12 @@ class FedMNP2P(Modular):
     async def run(self, node):
         o = self.options
         network, data = self.hold(node)
-        layout = Layout(await self.state(node, network), modular.parse_modules(o.modules))
+        layout = Layout(await self.state(node, network), self.widths)
         for _ in node.rounds():
             routed = self.routed(node.round)
             decision, route = await self.decide(node, network, data)
             loss = await self.train(node, network, data)
-            body = {STATE: layout.pick(await self.state(node, network), decision, routed), SAMPLES: len(data.train_y),
-                    DECISION: decision}
+            body = await self.update(node, network, layout, decision, data)
             node.broadcast("blocks", body)
             heard = await node.gather("blocks", timeout=o.timeout, valid=layout.update(routed))
             await node.compute(average_modules, network, [(body[SAMPLES], body[STATE])]

@@ -21,8 +21,11 @@ def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0)
 
 
 def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, weight_decay: float,
-        batch_size: int, generator: torch.Generator) -> tuple[float, int]:
-    """Local SGD with heavy-ball momentum, buffer fresh each call; returns (mean loss, samples seen)."""
+        batch_size: int, generator: torch.Generator, forward=None) -> tuple[float, int]:
+    """Local SGD with heavy-ball momentum, buffer fresh each call; returns (mean loss, samples seen).
+
+    forward(x_batch, y_batch) -> logits replaces model(x_batch), for a model whose forward pass needs more.
+    """
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
     total, seen = 0.0, 0
@@ -30,7 +33,8 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
         for idx in batches(len(y), batch_size, generator, steps):
             if len(idx) < 2 and model.training:
                 continue  # BatchNorm cannot train on a single sample
-            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            logits = model(x[idx]) if forward is None else forward(x[idx], y[idx])
+            loss = torch.nn.functional.cross_entropy(logits, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
