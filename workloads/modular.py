@@ -19,6 +19,7 @@ E logits, averaged over the samples; Pi = sigmoid of that mean.
 """
 from __future__ import annotations
 
+import networkx as nx
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -56,16 +57,13 @@ def _matrices(widths, gates: torch.Tensor) -> list[torch.Tensor]:
 
 def active_modules(widths: tuple[int, ...], decision) -> list[tuple[int, int]]:
     """(layer, index) of every module on a connected path from the input to the prediction."""
-    mats = [m.bool().tolist() for m in _matrices(widths, torch.as_tensor(decision).round())]
-    reached = [[True] * widths[0]]  # every encoder sees the input
-    for m in mats[:-1]:
-        reached.append([any(on and src for on, src in zip(row, reached[-1])) for row in m])
-    useful = [[reached[-1][j] and mats[-1][0][j] for j in range(widths[-1])]]
-    for layer in range(len(widths) - 2, -1, -1):  # backwards: feeds a useful module of the next layer
-        m = mats[layer]
-        useful.insert(0, [reached[layer][k] and any(m[j][k] and useful[0][j] for j in range(len(m)))
-                          for k in range(widths[layer])])
-    return [(layer, j) for layer, row in enumerate(useful) for j, on in enumerate(row) if on]
+    wiring = nx.DiGraph([("input", (0, k)) for k in range(widths[0])])  # every encoder sees the input
+    for layer, c in enumerate(_matrices(widths, torch.as_tensor(decision).round())):
+        last = layer + 1 == len(widths)  # the output row: output blocks -> the prediction
+        wiring.add_edges_from(((layer, k), "prediction" if last else (layer + 1, j)) for j, k in c.nonzero().tolist())
+    if "prediction" not in wiring:
+        return []
+    return sorted(nx.descendants(wiring, "input") & nx.ancestors(wiring, "prediction"))
 
 
 def module_prefix(layer: int, index: int) -> str:
