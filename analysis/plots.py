@@ -340,6 +340,38 @@ def cluster_figures(run: Run) -> Figures:
     yield "cluster_graph.png", fig
 
 
+def utility_matrices(rows: list[dict], n: int) -> dict[int, np.ndarray]:
+    """utility.jsonl rows -> round -> A, row j holding j's column (A[j, k] = A_kj: how useful k is to j);
+    NaN where j heard nothing from k."""
+    matrices: dict[int, np.ndarray] = {}
+    for row in rows:
+        matrix = matrices.setdefault(int(row["round"]), np.full((n, n), np.nan))
+        for k, a in row["utility"].items():
+            matrix[int(row["client"]), int(k)] = float(a)
+    return matrices
+
+
+def utility_figures(run: Run) -> Figures:
+    """FedLinked's cross-utility A as heatmaps: the first round, two between and the last."""
+    rows = run.stream("utility")
+    if not rows:
+        return
+    n = max([run.num_nodes, *(int(r["client"]) + 1 for r in rows), *(int(k) + 1 for r in rows for k in r["utility"])])
+    matrices = utility_matrices(rows, n)
+    rounds = sorted(matrices)
+    shown = sorted({rounds[round(q * (len(rounds) - 1))] for q in (0, 1 / 3, 2 / 3, 1)})
+    values = np.concatenate([matrices[r][np.isfinite(matrices[r])] for r in shown])
+    fig = _figure(4.2 * len(shown) + 0.8, 4.2)
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    for ax, rnd in zip(axes, shown):
+        image = _node_image(ax, matrices[rnd], 1, cmap="viridis", vmin=values.min(), vmax=values.max())
+        ax.set_title(f"round {rnd}", fontsize=9)
+        _label_nodes(ax, n, 1, "k (whose representations)", "j (whose target)" if ax is axes[0] else "")
+    fig.colorbar(image, ax=list(axes), label="A_kj")
+    fig.suptitle(f"{run.name}: cross-utility A over rounds ({run.protocol})", fontsize=10)
+    yield "utility.png", fig
+
+
 def _integral_at(edges: np.ndarray, blocks: np.ndarray, times: np.ndarray, side: int) -> np.ndarray:
     """(side, len(edges)): per block, the sum over `times` before each edge e of (e - time)."""
     shape = (side, len(edges) + 1)
@@ -388,7 +420,7 @@ def availability_figures(run: Run) -> Figures:
     yield "availability.png", fig
 
 
-PLOTS = (metric_figures, link_figures, learned_graph_figures, cluster_figures, availability_figures)
+PLOTS = (metric_figures, link_figures, learned_graph_figures, cluster_figures, utility_figures, availability_figures)
 
 
 def plot_run(out_dir: Path, partial: bool = False) -> list[Path]:

@@ -272,15 +272,17 @@ class LearningProtocol(Protocol):
         model, data = self.hold(node)
         node.log(**await self.scores(node, model, data))
 
-    async def train(self, node, model, data, job=sgd, passes: int = 1, **extra) -> float:
+    async def train(self, node, model, data, job=sgd, passes: float = 1, epochs: int | None = None, **extra) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss.
 
         `job` is sgd or a job taking sgd's arguments and `extra`; a sample is charged `passes` training steps.
+        `epochs` replaces --local-epochs.
         """
         o = self.options
-        samples = o.local_steps * o.batch_size if o.local_steps else o.local_epochs * len(data.train_y)
+        epochs = o.local_epochs if epochs is None else epochs
+        samples = o.local_steps * o.batch_size if o.local_steps else epochs * len(data.train_y)
         loss, _ = await node.compute(
-            job, model, data.train_x, data.train_y, epochs=o.local_epochs, steps=o.local_steps, lr=o.lr,
+            job, model, data.train_x, data.train_y, epochs=epochs, steps=o.local_steps, lr=o.lr,
             momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
             generator=node.torch_generator, work=samples * passes, **extra)
         return loss

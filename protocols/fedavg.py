@@ -40,6 +40,15 @@ class FedAvgOptions(TimeoutOptions, SGDOptions):
             raise UsageError(f"--init {self.init}: fedavg has one global model; use --init common")
 
 
+def star(graph, protocol: str) -> tuple[int, list[int]]:
+    """(server, clients): the node of highest degree (ties: the lowest id), which must be adjacent to every other."""
+    server = max(graph.nodes, key=lambda i: (graph.degree(i), -i))
+    clients = sorted(i for i in graph.nodes if i != server)
+    if not clients or not all(graph.has_edge(server, c) and graph.has_edge(c, server) for c in clients):
+        raise UsageError(f"{protocol} needs a server adjacent to every node, e.g. --topology star")
+    return server, clients
+
+
 def average(model, updates: list[tuple[int, dict]]) -> None:
     """x <- sum_k n_k x_k / sum_k n_k over the (n_k, state_k) pairs, in place; no samples: x stays."""
     total = sum(n for n, _ in updates)
@@ -54,12 +63,7 @@ class FedAvg(LearningProtocol):
     averages_models = True
 
     def __init__(self, options, env):
-        graph = env.graph
-        self.server = max(graph.nodes, key=lambda i: (graph.degree(i), -i))
-        self.clients = sorted(i for i in graph.nodes if i != self.server)
-        if not self.clients or not all(graph.has_edge(self.server, c) and graph.has_edge(c, self.server)
-                                       for c in self.clients):
-            raise UsageError("fedavg needs a server adjacent to every node, e.g. --topology star")
+        self.server, self.clients = star(env.graph, self.name)
         if options.clients_per_round > len(self.clients):
             raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
                              f"{len(self.clients)} clients (node {self.server} is the server)")

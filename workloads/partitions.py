@@ -41,7 +41,15 @@ gives the same partition. Train and test samples are never shared between nodes.
   component; partition.json records every node's weights. When a class runs short, all
   counts are scaled by one common factor and a note says so.
 
-iid, dirichlet, classes and mixture draw each node's test samples class by class in
+- ``fedlinked:groups=2,classes=4,samples=200``: FedLinked's task split (the report's Table 4.2).
+  Nodes form G consecutive near-equal groups, and the K classes G consecutive blocks. Member r
+  of group g takes `classes` consecutive classes of block g from its r-th on (wrapping round),
+  so members of one group learn related tasks (consecutive members share classes - 1 of them)
+  and nodes of different groups distinct ones. Each node gets `samples` training samples split
+  evenly over its classes; its cluster is its group. When a class runs short, all counts are
+  scaled by one common factor and a note says so.
+
+iid, dirichlet, classes, mixture and fedlinked draw each node's test samples class by class in
 proportion to its share of that class's training samples, so test follows train.
 """
 
@@ -52,7 +60,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture")
+PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked")
 
 # Per partition: option -> (type, default).
 _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
@@ -63,6 +71,7 @@ _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
              "samples": (int, 300), "low": (int, 100), "high": (int, 300), "test": (int, 15)},
     "shards": {"n": (int, 2)},
     "mixture": {"components": (int, 3), "alpha": (float, 0.4), "samples": (int, 200)},
+    "fedlinked": {"groups": (int, 2), "classes": (int, 4), "samples": (int, 200)},
 }
 _DIRICHLET_DRAWS = 100
 
@@ -80,6 +89,7 @@ class NodeData:
     cluster: int | None
     classes: list[int]  # assigned classes (iid/dirichlet: the classes present), sorted
     weights: list[float] | None = None  # mixture: the node's component weights
+    rollback: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # a second val split
 
 
 @dataclass
@@ -98,6 +108,7 @@ class Partition:
             "dataset": dataset,
             "partition": self.spec,
             "notes": list(self.notes),
+            **({"public": _class_counts(y_train[self.public])} if self.public is not None else {}),
             "nodes": [
                 {
                     "node": n.node,
@@ -106,6 +117,7 @@ class Partition:
                     **({"weights": n.weights} if n.weights is not None else {}),
                     "train": _class_counts(y_train[n.train]),
                     "val": _class_counts(y_train[n.val]),
+                    **({"rollback": _class_counts(y_train[n.rollback])} if len(n.rollback) else {}),
                     "test": _class_counts(y_test[n.test]),
                 }
                 for i, n in enumerate(self.nodes)
@@ -114,22 +126,31 @@ class Partition:
 
 
 def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int, seed,
-                   val_fraction: float = 0.0, public_fraction: float = 0.0) -> Partition:
-    """Partition train/test labels over num_nodes nodes according to `spec` (see module doc)."""
+                   val_fraction: float = 0.0, public_fraction: float = 0.0,
+                   rollback_fraction: float = 0.0) -> Partition:
+    """Partition train/test labels over num_nodes nodes according to `spec` (see module doc).
+
+    public_fraction of every class is held out first as the shared unlabelled set; then each
+    node moves val_fraction and rollback_fraction of its train split to its two validation splits.
+    """
     name, options = _parse_spec(spec)
     _require(num_nodes >= 1, f"need at least one node, got {num_nodes}")
-    _require(0 <= val_fraction < 1, f"val fraction must be in [0, 1), got {val_fraction}")
-    _require(0 <= public_fraction < 1, f"public fraction must be in [0, 1), got {public_fraction}")
+    for what, fraction in (("val", val_fraction), ("public", public_fraction), ("rollback", rollback_fraction)):
+        _require(0 <= fraction < 1, f"{what} fraction must be in [0, 1), got {fraction}")
+    _require(val_fraction + rollback_fraction < 1,
+             f"val and rollback fractions must leave training samples, got {val_fraction} + {rollback_fraction}")
     train_y, test_y = _labels(train_y, num_classes, "train"), _labels(test_y, num_classes, "test")
     rng = np.random.default_rng(seed)
     notes: list[str] = []
     train_pools = _class_pools(train_y, num_classes, rng)
     test_pools = _class_pools(test_y, num_classes, rng)
-    public = _take_public(train_pools, public_fraction, notes) if public_fraction > 0 else None
+    public = _take_public(train_pools, public_fraction) if public_fraction > 0 else None
     ctx = _Context(train_pools, test_pools, train_y, num_nodes, rng, notes)
     nodes = _BUILDERS[name](ctx, **options)
     for node in nodes:
-        _split_val(node, train_y, val_fraction)
+        n = len(node.train)
+        node.train, node.val = _hold_out(node.train, train_y, val_fraction * n)
+        node.train, node.rollback = _hold_out(node.train, train_y, rollback_fraction * n)
     return Partition(spec, nodes, notes, public)
 
 
@@ -172,16 +193,14 @@ def _class_pools(labels: np.ndarray, num_classes: int, rng: np.random.Generator)
     return [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
 
 
-def _take_public(pools: list[np.ndarray], fraction: float, notes: list[str]) -> np.ndarray:
-    """Remove round(fraction * n_c) samples of every class c from the pools (in place)."""
+def _take_public(pools: list[np.ndarray], fraction: float) -> np.ndarray:
+    """Remove round(fraction * n_c) samples of every class c from the pools (in place); partition.json counts them."""
     taken = []
     for c, pool in enumerate(pools):
         k = round(fraction * len(pool))
         taken.append(pool[:k])
         pools[c] = pool[k:]
-    public = np.sort(np.concatenate(taken))
-    notes.append(f"public: {len(public)} unlabelled samples ({fraction:g} of each class) held out")
-    return public
+    return np.sort(np.concatenate(taken))
 
 
 @dataclass
@@ -240,20 +259,20 @@ def _nodes(ctx: _Context, train_counts, test_counts, clusters=None, classes=None
     ]
 
 
-def _split_val(node: NodeData, train_y: np.ndarray, fraction: float) -> None:
-    """Move round(fraction * n) (at least 1, at most n - 1) train samples to val, stratified.
+def _hold_out(train: np.ndarray, train_y: np.ndarray, count: float) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held): round(count) (at least 1, at most n - 1) of the n train samples held out, stratified.
 
     Systematic sampling over the class-sorted train indices gives every class its share;
     the indices are already shuffled within a class, so the picks are random.
     """
-    n = len(node.train)
-    if fraction == 0 or n < 2:
-        return
-    v = min(n - 1, max(1, round(fraction * n)))
-    by_class = np.argsort(train_y[node.train], kind="stable")
+    n = len(train)
+    if count == 0 or n < 2:
+        return train, np.empty(0, dtype=np.int64)
+    v = min(n - 1, max(1, round(count)))
+    by_class = np.argsort(train_y[train], kind="stable")
     mask = np.zeros(n, dtype=bool)
     mask[by_class[(2 * np.arange(v) + 1) * n // (2 * v)]] = True
-    node.train, node.val = node.train[~mask], node.train[mask]
+    return train[~mask], train[mask]
 
 
 # ---------------------------------------------------------------- recipes
@@ -388,8 +407,29 @@ def _mixture(ctx: _Context, components: int, alpha: float, samples: int) -> list
     return nodes
 
 
+def _fedlinked(ctx: _Context, groups: int, classes: int, samples: int) -> list[NodeData]:
+    K, M, G, C = ctx.num_classes, ctx.num_nodes, groups, classes
+    _require(1 <= G <= min(M, K), f"fedlinked: groups must be in 1..{min(M, K)} (nodes and classes), got {G}")
+    blocks = np.array_split(np.arange(K), G)
+    smallest = min(len(b) for b in blocks)
+    _require(1 <= C <= smallest, f"fedlinked: classes must be in 1..{smallest} (the smallest of the {G} groups' "
+                                 f"blocks of the {K} classes), got {C}")
+    _require(samples >= 1, f"fedlinked: samples must be at least 1, got {samples}")
+    group_of = np.concatenate([np.full(len(members), g) for g, members in enumerate(np.array_split(np.arange(M), G))])
+    assigned, rank = [], np.zeros(G, dtype=int)
+    for g in group_of:
+        block = blocks[g]
+        assigned.append(block[(rank[g] + np.arange(C)) % len(block)])
+        rank[g] += 1
+    train = np.zeros((K, M), dtype=np.int64)
+    for i, chosen in enumerate(assigned):
+        train[chosen, i] = _proportional(samples, np.ones(C))
+    train = _fit(train, ctx.train, "train", ctx.notes)
+    return _nodes(ctx, train, _test_like_train(ctx, train), clusters=group_of, classes=assigned)
+
+
 _BUILDERS = {"iid": _iid, "dirichlet": _dirichlet, "classes": _classes, "mapl": _mapl, "shards": _shards,
-             "mixture": _mixture}
+             "mixture": _mixture, "fedlinked": _fedlinked}
 
 
 def _class_counts(labels: np.ndarray) -> dict[str, int]:

@@ -34,8 +34,12 @@ class WorkloadOptions:
     download: bool = field(default=False, metadata=_help("let torchvision download the dataset (needs internet)"))
     partition: str = field(default="iid", metadata=_help(
         "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2, "
-        "mixture:components=3[,alpha=0.4,samples=200]"))
+        "mixture:components=3[,alpha=0.4,samples=200], fedlinked:groups=2[,classes=4,samples=200]"))
     val_fraction: float = field(default=0.0, metadata=_help("share of each node's train split held out for validation"))
+    rollback_fraction: float = field(default=0.0, metadata=_help(
+        "share of each node's train split held out for a second validation split (fedlinked's rollback)"))
+    public_fraction: float = field(default=0.0, metadata=_help(
+        "share of every class held out before partitioning as the public unlabelled set (fedlinked's X0)"))
     model: str = field(default="cnn-small", metadata=_help(
         "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small; "
         "shaped: mlp:hidden=64,64 (hidden widths, biased classifier) or cnn-small:channels=32,64"))
@@ -63,6 +67,8 @@ class NodeTensors:
     test_y: torch.Tensor
     cluster: int | None
     classes: list[int]
+    rollback_x: torch.Tensor | None = None
+    rollback_y: torch.Tensor | None = None
 
 
 class Workload:
@@ -87,7 +93,8 @@ class Workload:
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
                                             self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, env.seeds.stream("partition"),
-                                            options.val_fraction)
+                                            options.val_fraction, options.public_fraction,
+                                            options.rollback_fraction)
             self.archs = [models.assigned_arch(options.model, i, options.model_assign, env.seeds.stream("model.assign", i))
                           for i in range(parts)]
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
@@ -144,7 +151,13 @@ class Workload:
         node, ds = self.partition.nodes[part], self.dataset
         test = self.global_test() if self.test_set == "global" else self._take(ds.test_x, ds.test_y, node.test)
         return NodeTensors(*self._take(ds.train_x, ds.train_y, node.train),
-                           *self._take(ds.train_x, ds.train_y, node.val), *test, node.cluster, node.classes)
+                           *self._take(ds.train_x, ds.train_y, node.val), *test, node.cluster, node.classes,
+                           *self._take(ds.train_x, ds.train_y, node.rollback))
+
+    def public(self) -> torch.Tensor | None:
+        """The public unlabelled inputs X0 (--public-fraction), normalised; None without them."""
+        public = self.partition.public
+        return None if public is None else self._take(self.dataset.train_x, self.dataset.train_y, public)[0]
 
     def global_test(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole test split; under --test-set global normalised once and shared read-only by every node."""

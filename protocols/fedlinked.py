@@ -1,0 +1,411 @@
+"""FedLinked (the report in ../shared/seeds/fedlinked-report.txt: Algorithm 3, Sections 3.2-3.5).
+
+Nodes share neither data nor parameters, only representations alpha(j, X0) of a public
+unlabelled set X0 (--public-fraction of every class, held out before partitioning). Every
+model has its own architecture and weights; only the width of the representation (--d-z,
+the backbone's output) is common.
+  0. Pretraining: local training with early stopping (--init-epochs at most).
+  Each round r:
+  1. client j sends alpha(j, X0): its backbone's outputs on X0 (or on --public-subsample N
+     samples of it, the same N for every node, drawn afresh each round from the run's seed);
+  2. for every k != j heard: R_kj = sum_x alpha(k, x) alpha(j, x)^T = U S V^T and the Procrustes
+     map B_kj = V U^T (Eq. 3.12, the orthogonal B maximising trace(B R_kj)); --procrustes off
+     sets B_kj = I (the report's ablation);
+  3. cross-utility, Eq. 3.5 on the mapped representations (Eq. 3.14): s_kj = sum_x
+     <alpha(j, x), B_kj alpha(k, x)>, A_kj = sqrt(eta) s_kj / ||s_.j||. The normalisation is per
+     column, which solves Eq. 3.4 under its constraint sum_k A_kj^2 = eta for every j (the printed
+     Eq. 3.5 sums over all pairs, which meets the constraint only summed over j);
+  4. target f*_j = sum_k A_kj B_kj alpha(k) / sum_k A_kj (no target while sum_k A_kj <= 0);
+  5. j fits its representations to f*_j on X0 for --dist-epochs (Eq. 3.6), with the loss
+     weighted by sum_k A_kj, as Eq. 3.1's first term weights it (so eta sets the pull);
+  6. j fine-tunes its task-specific layers, backbone frozen (--finetune-epochs), then trains
+     locally with early stopping on its first validation split (--local-epochs at most, --patience);
+  7. j scores its model on its second validation split and keeps the best so far; after the last
+     round it rolls back to it (the rollback of Section 3.5).
+fedlinked runs on a star: steps 2-4 run on the server node, and client j receives only f*_j
+and its weight, never A, B or another client's representations. fedlinked-p2p runs on any
+graph: each node computes its own column of A, its maps and f* from its neighbours' alpha.
+--eta 0 is separated learning: the same pretraining, early stopping and rollback, no messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from rich import box
+from rich.table import Table
+
+from emulator.errors import UsageError
+from emulator.protocol import register
+from workloads.lazy import LazyModule
+from workloads.task import WorkloadOptions
+from workloads.training import accuracy, batches, sgd
+
+from .common import EVAL_COST, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
+from .fedavg import star
+
+torch = LazyModule("torch")
+
+REPS = "reps"  # alpha(j, X0): float32, (public samples, d_z)
+TARGET = "target"  # f*_j, the same shape
+WEIGHT = "weight"  # sum_k A_kj: how hard j is pulled to f*_j
+
+
+@dataclass
+class FedLinkedOptions(TimeoutOptions, SGDOptions):
+    public_fraction: float = default(WorkloadOptions, "public_fraction", 0.25)
+    val_fraction: float = default(WorkloadOptions, "val_fraction", 0.1)
+    rollback_fraction: float = default(WorkloadOptions, "rollback_fraction", 0.1)
+    partition: str = default(WorkloadOptions, "partition", "fedlinked")
+    init: str = default(WorkloadOptions, "init", "independent")
+    d_z: int = default(WorkloadOptions, "d_z", 128)
+    local_epochs: int = default(SGDOptions, "local_epochs", 5)
+    eta: float = field(default=2.0, metadata={
+        "help": "fedlinked: collaboration strength, sum_k A_kj^2 = eta (0: separated learning, no messages)"})
+    procrustes: str = field(default="on", metadata={
+        "help": "fedlinked: on (map each representation with B_kj, Eq. 3.12) or off (B_kj = I)"})
+    standardise: str = field(default="on", metadata={
+        "help": "fedlinked: on (A and B from representations centred and scaled to unit norm, f* mapped back "
+                "into each node's own) or off (the report's raw representations)"})
+    init_epochs: int = field(default=20, metadata={"help": "fedlinked: pretraining epochs at most (early stopping)"})
+    dist_epochs: int = field(default=5, metadata={
+        "help": "fedlinked: epochs fitting the representations to f* on the public set (Eq. 3.6)"})
+    finetune_epochs: int = field(default=2, metadata={
+        "help": "fedlinked: epochs training the task-specific layers alone after the fit"})
+    patience: int = field(default=3, metadata={
+        "help": "fedlinked: early stopping after this many epochs without a better validation accuracy"})
+    public_subsample: int = field(default=0, metadata={
+        "help": "fedlinked: send representations of N random public samples, drawn afresh each round (0: all)"})
+
+    def validate(self):
+        super().validate()
+        check("eta", self.eta, self.eta >= 0, "must not be negative (0: separated learning)")
+        for flag, value in (("procrustes", self.procrustes), ("standardise", self.standardise)):
+            check(flag, repr(value), value in ("on", "off"), "choose on or off")
+        for flag, value in (("init-epochs", self.init_epochs), ("dist-epochs", self.dist_epochs),
+                            ("finetune-epochs", self.finetune_epochs), ("public-subsample", self.public_subsample)):
+            check(flag, value, value >= 0, "must not be negative")
+        check("patience", self.patience, self.patience >= 1, "must be at least 1")
+        check("local-steps", self.local_steps, self.local_steps == 0,
+              "fedlinked trains by epochs, with early stopping; use --local-epochs")
+        if self.eta > 0:
+            check("public-fraction", self.public_fraction, self.public_fraction > 0,
+                  "fedlinked shares representations of a public set; give it a share of the data (e.g. 0.25)")
+
+
+# -- the algebra of steps 2-4 (numpy, float64): the server's, or each node's under fedlinked-p2p
+
+def procrustes(r: np.ndarray) -> np.ndarray:
+    """The orthogonal B maximising trace(B R): V U^T, from R = U S V^T (Eq. 3.12)."""
+    u, _, vt = np.linalg.svd(r)
+    return vt.T @ u.T
+
+
+def standardise(alpha: np.ndarray):
+    """(alpha minus its mean over the samples, over its Frobenius norm; the map from that frame back to alpha's)."""
+    alpha = alpha.astype(np.float64)
+    mean = alpha.mean(0)
+    scale = float(np.linalg.norm(alpha - mean)) or 1.0
+    return (alpha - mean) / scale, lambda y: y * scale + mean
+
+
+def raw(alpha: np.ndarray):
+    """alpha as it is (--standardise off), and the identity back."""
+    return alpha.astype(np.float64), lambda y: y
+
+
+def utility_column(own: np.ndarray, others: dict[int, np.ndarray], eta: float, maps: bool = True,
+                   frame=standardise) -> tuple[dict[int, float], dict[int, np.ndarray], object]:
+    """Node j's column of A (Eqs. 3.5, 3.14), the others' representations mapped into j's (B_kj alpha(k)),
+    all in `frame`, and the map from that frame back to j's representations.
+
+    own: alpha(j, X0), (n, d); others: k -> alpha(k, X0). Rows are samples, so B alpha(k, x) is a @ B^T.
+    """
+    own, back = frame(own)
+    mapped = {}
+    for k, alpha in others.items():
+        alpha = frame(alpha)[0]
+        mapped[k] = alpha @ procrustes(alpha.T @ own).T if maps else alpha
+    scores = {k: float(np.sum(own * a)) for k, a in mapped.items()}
+    norm = np.sqrt(sum(s * s for s in scores.values()))
+    column = {k: (float(np.sqrt(eta)) * s / norm if norm > 0 else 0.0) for k, s in scores.items()}
+    return column, mapped, back
+
+
+def regulariser(own: np.ndarray, others: dict[int, np.ndarray], eta: float, maps: bool = True,
+                frame=standardise) -> tuple[dict[int, float], dict | None]:
+    """(A's column for j, the body j gets: f*_j and sum_k A_kj; None while that sum is not positive)."""
+    column, mapped, back = utility_column(own, others, eta, maps, frame)
+    weight = sum(column.values())
+    if not mapped or weight <= 0:
+        return column, None
+    target = back(sum(a * column[k] for k, a in mapped.items()) / weight)
+    return column, {TARGET: target.astype(np.float32), WEIGHT: float(weight)}
+
+
+# -- jobs: they run where the node's model lives
+
+def represent(model, x, index: np.ndarray, batch_size: int = 1024) -> np.ndarray:
+    """alpha(j, X0[index]): the backbone's outputs, float32."""
+    model.eval()
+    picked = x[torch.as_tensor(index, device=x.device)]
+    with torch.no_grad():
+        out = torch.cat([model.features(picked[i:i + batch_size]) for i in range(0, len(picked), batch_size)])
+    return out.float().cpu().numpy()
+
+
+def distil(model, x, index: np.ndarray, target: np.ndarray, weight: float, *, epochs: int, lr: float,
+           momentum: float, weight_decay: float, batch_size: int, generator) -> float:
+    """Eq. 3.6: SGD on the backbone towards f*_j, loss weight * mean squared error; the mean loss."""
+    picked = x[torch.as_tensor(index, device=x.device)]
+    goal = torch.as_tensor(target, device=x.device)
+    optimizer = torch.optim.SGD(model.backbone.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    model.train()
+    total, seen = 0.0, 0
+    for _ in range(epochs):
+        for idx in batches(len(goal), batch_size, generator):
+            if len(idx) < 2:
+                continue  # BatchNorm cannot train on a single sample
+            loss = weight * torch.nn.functional.mse_loss(model.features(picked[idx]), goal[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total, seen = total + loss.item() * len(idx), seen + len(idx)
+    model.zero_grad(set_to_none=True)
+    return total / max(seen, 1)
+
+
+def finetune(model, x, y, **options) -> tuple[float, int]:
+    """SGD on the task-specific layers alone: the backbone runs frozen, in eval mode."""
+    def forward(x_batch, _):
+        model.backbone.eval()
+        with torch.no_grad():
+            z = model.features(x_batch)
+        return model.classifier(z)
+    return sgd(model, x, y, forward=forward, **options)
+
+
+def copy_model(target, source) -> None:
+    """target <- source: weights and buffers."""
+    target.load_state_dict(source.state_dict())
+
+
+class Linked(LearningProtocol):
+    """What fedlinked and fedlinked-p2p share: the public set, a node's learning in a round, the summary."""
+    Options = FedLinkedOptions
+    state_copies = 3.0  # the model, the early-stopping best and the rollback best
+
+    def __init__(self, options, env, **workload):
+        super().__init__(options, env, **workload)
+        self.public = self.workload.public()  # public data, normalised once; each node keeps it as its own
+        self.public_size = 0 if self.public is None else len(self.public)
+        if options.public_subsample > self.public_size:
+            raise UsageError(f"--public-subsample {options.public_subsample}: the public set has only "
+                             f"{self.public_size} samples")
+
+    def public_index(self, rnd: int) -> np.ndarray:
+        """The round's public samples: all, or --public-subsample of them, the same at every node."""
+        n, k = self.public_size, self.options.public_subsample
+        if not k:
+            return np.arange(n)
+        return np.sort(self.env.seeds.numpy("fedlinked.public", rnd).choice(n, size=k, replace=False))
+
+    async def regularise(self, node, client: int, own, others: dict) -> dict | None:
+        """Steps 2-4 for `client`: records its column of A, returns its body (f*, weight) or None.
+        No emulated time: a few d x d SVDs."""
+        o = self.options
+        column, body = await node.compute(regulariser, own, others, o.eta, o.procrustes == "on",
+                                          standardise if o.standardise == "on" else raw, work=0)
+        node.record("utility", client=client, utility={str(k): a for k, a in column.items()})
+        return body
+
+    def reps_check(self, samples: int):
+        return expects(**{REPS: np.zeros((samples, self.options.d_z), np.float32)})
+
+    def target_check(self, samples: int):
+        body = expects(**{TARGET: np.zeros((samples, self.options.d_z), np.float32), WEIGHT: float})
+        return lambda value: value is None or body(value)
+
+    def setup(self, node, part: int):
+        """The node's model and data, scratch copies for the two bests, and X0 where its jobs run."""
+        model, data = self.hold(node, part)
+        kept, best_epoch = node.keep(self.initial_model(part)), node.keep(self.initial_model(part))
+        return model, data, kept, best_epoch, node.keep(self.public) if self.public is not None else None
+
+    async def represent(self, node, model, public, index) -> dict:
+        return {REPS: await node.compute(represent, model, public, index, work=len(index) * EVAL_COST)}
+
+    async def early_stopping(self, node, model, data, best, max_epochs: int) -> tuple[float | None, int]:
+        """Up to max_epochs epochs, stopping after --patience without a better validation accuracy; the
+        model ends as the best of its states (the one it started from included). (last loss, epochs run)"""
+        loss, patience = None, self.options.patience
+        if not len(data.val_y):
+            for _ in range(max_epochs):
+                loss = await self.train(node, model, data, epochs=1)
+            return loss, max_epochs
+        best_acc, waited, epochs = await self.validate(node, model, data.val_x, data.val_y), 0, 0
+        await node.compute(copy_model, best, model, work=0)
+        while epochs < max_epochs and waited < patience:
+            loss, epochs = await self.train(node, model, data, epochs=1), epochs + 1
+            acc = await self.validate(node, model, data.val_x, data.val_y)
+            if acc > best_acc:
+                best_acc, waited = acc, 0
+                await node.compute(copy_model, best, model, work=0)
+            else:
+                waited += 1
+        await node.compute(copy_model, model, best, work=0)
+        return loss, epochs
+
+    @staticmethod
+    async def validate(node, model, x, y) -> float:
+        return await node.compute(accuracy, model, x, y, work=len(y) * EVAL_COST)
+
+    async def learn(self, node, model, data, best, public, index, body: dict | None) -> dict:
+        """Steps 5-6 for the round; the metrics."""
+        o, metrics = self.options, {}
+        if body is not None:
+            metrics["distil_loss"] = await node.compute(
+                distil, model, public, index, body[TARGET], body[WEIGHT], epochs=o.dist_epochs, lr=o.lr,
+                momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
+                generator=node.torch_generator, work=o.dist_epochs * len(index))
+            if o.finetune_epochs:
+                await self.train(node, model, data, job=finetune, passes=EVAL_COST, epochs=o.finetune_epochs)
+        loss, epochs = await self.early_stopping(node, model, data, best, o.local_epochs)
+        return {**metrics, "regularised": body is not None, "local_epochs_run": epochs,
+                **({"train_loss": loss} if loss is not None else {})}
+
+    async def roll(self, node, model, data, kept, best_acc: float) -> tuple[float, dict]:
+        """Step 7: score on the rollback split, keep the best; after the last round, load it back."""
+        if not len(data.rollback_y):
+            return best_acc, await self.evaluate(node, model, data)
+        acc = await self.validate(node, model, data.rollback_x, data.rollback_y)
+        if acc >= best_acc:
+            best_acc = acc
+            await node.compute(copy_model, kept, model, work=0)
+        if node.round == self.env.rounds - 1:
+            await node.compute(copy_model, model, kept, work=0)
+        return best_acc, {"rollback_acc": acc, **await self.evaluate(node, model, data)}
+
+    async def pretrain(self, node, model, data, best) -> dict:
+        loss, epochs = await self.early_stopping(node, model, data, best, self.options.init_epochs)
+        return {"pretrain_epochs": epochs, **({"pretrain_loss": loss} if loss is not None else {})}
+
+    def summary(self, records):
+        """A in the last round that has it: {j: {k: A_kj}}, and for each j the k it ranks first."""
+        last: dict[str, dict] = {}
+        for row in records.get("utility", []):
+            last[str(row["client"])] = row
+        top = max((row["round"] for row in last.values()), default=None)
+        utility = {j: row["utility"] for j, row in sorted(last.items(), key=lambda item: int(item[0]))
+                   if row["round"] == top}
+        return {"utility": utility, "utility_round": top,
+                "ranked_first": {j: max(col, key=col.get) for j, col in utility.items() if col}}
+
+    def render(self, console, summary) -> None:
+        """A as a matrix (up to 6 nodes), else per node j the k it ranks first."""
+        utility = summary.get("utility") or {}
+        if not utility:
+            return
+        table = Table(title=f"{self.name}: cross-utility A_kj in round {summary['utility_round']} "
+                            "(how useful k is to j)", box=box.SIMPLE_HEAD)
+        if len(utility) <= 6:
+            table.add_column("k \\ j")
+            others = sorted({k for col in utility.values() for k in col}, key=int)
+            for j in utility:
+                table.add_column(j, justify="right")
+            for k in others:
+                table.add_row(k, *(f"{utility[j][k]:.3f}" if k in utility[j] else "-" for j in utility))
+        else:
+            for name in ("j", "k ranked first", "its A_kj", "mean A_kj"):
+                table.add_column(name, justify="right")
+            for j, k in summary["ranked_first"].items():
+                column = utility[j]
+                table.add_row(j, k, f"{column[k]:.3f}", f"{sum(column.values()) / len(column):.3f}")
+        console.print(table)
+
+
+@register("fedlinked")
+class FedLinked(Linked):
+    """FedLinked on a star: the server computes A, the maps and each client's f*_j."""
+
+    def __init__(self, options, env):
+        self.server, self.clients = star(env.graph, "fedlinked")
+        super().__init__(options, env, parts=len(self.clients))
+        self.part = {client: part for part, client in enumerate(self.clients)}
+
+    async def run(self, node):
+        await (self._serve(node) if node.id == self.server else self._client(node))
+
+    async def run_no_rounds(self, node):
+        if node.id != self.server:
+            model, data = self.hold(node, self.part[node.id])
+            node.log(**await self.scores(node, model, data))
+
+    async def _serve(self, node):
+        o = self.options
+        for _ in node.rounds():
+            if o.eta == 0:
+                continue  # separated learning: nothing to serve
+            index = self.public_index(node.round)
+            heard = await node.gather(REPS, peers=node.neighbours, timeout=o.timeout, valid=self.reps_check(len(index)))
+            alphas = {k: m.body[REPS] for k, m in heard.items()}
+            for j in node.neighbours:
+                body = None
+                if j in alphas:
+                    body = await self.regularise(node, j, alphas[j], {k: a for k, a in alphas.items() if k != j})
+                node.send(j, TARGET, body)
+            node.log(heard_from=len(heard))
+
+    async def _client(self, node):
+        o = self.options
+        model, data, kept, best, public = self.setup(node, self.part[node.id])
+        first, best_acc, resume = await self.pretrain(node, model, data, best), -1.0, 0
+        for _ in node.rounds():
+            if node.round < resume:
+                continue  # the server is rounds ahead: skip to its round
+            index, body = self.public_index(node.round), None
+            if o.eta > 0 and self.server in node.neighbours:
+                node.send(self.server, REPS, await self.represent(node, model, public, index))
+                message = await self._target(node, len(index))
+                if message is not None and message.round > node.round:
+                    resume = message.round + 1
+                elif message is not None:
+                    body = message.body
+            metrics = await self.learn(node, model, data, best, public, index, body)
+            best_acc, scores = await self.roll(node, model, data, kept, best_acc)
+            node.log(**first, **metrics, **scores)
+            first = {}
+
+    async def _target(self, node, samples: int):
+        """The server's answer for this round or a later one (older ones are dropped); None after twice
+        --timeout (the server waits up to --timeout for the slowest client)."""
+        valid = self.target_check(samples)
+        while (message := await node.recv(timeout=2 * self.options.timeout, kind=TARGET, valid=valid)) is not None:
+            if message.round >= node.round:
+                return message
+        return None
+
+    def summary(self, records):
+        return {"server": self.server, **super().summary(records)}
+
+
+@register("fedlinked-p2p")
+class FedLinkedP2P(Linked):
+    """FedLinked with no server: each node computes its own column of A, its maps and f* from its neighbours'."""
+
+    async def run(self, node):
+        o = self.options
+        model, data, kept, best, public = self.setup(node, node.id)
+        first, best_acc = await self.pretrain(node, model, data, best), -1.0
+        for _ in node.rounds():
+            index, body, heard = self.public_index(node.round), None, {}
+            if o.eta > 0:
+                own = await self.represent(node, model, public, index)
+                node.broadcast(REPS, own)
+                heard = await node.gather(REPS, timeout=o.timeout, valid=self.reps_check(len(index)))
+                if heard:
+                    body = await self.regularise(node, node.id, own[REPS], {k: m.body[REPS] for k, m in heard.items()})
+            metrics = await self.learn(node, model, data, best, public, index, body)
+            best_acc, scores = await self.roll(node, model, data, kept, best_acc)
+            node.log(**first, **metrics, heard_from=len(heard), **scores)
+            first = {}
