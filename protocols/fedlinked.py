@@ -19,7 +19,8 @@ the backbone's output) is common.
   5. j fits its representations to f*_j on X0 for --dist-epochs (Eq. 3.6), with the loss
      weighted by sum_k A_kj, as Eq. 3.1's first term weights it (so eta sets the pull);
   6. j fine-tunes its task-specific layers, backbone frozen (--finetune-epochs), then trains
-     locally with early stopping on its first validation split (--local-epochs at most, --patience);
+     locally with early stopping on its first validation split (--local-epochs at most, --patience;
+     by the validation loss: the accuracy of a split of a few samples saturates and stops all training);
   7. j scores its model on its second validation split and keeps the best so far; after the last
      round it rolls back to it (the rollback of Section 3.5).
 fedlinked runs on a star: steps 2-4 run on the server node, and client j receives only f*_j
@@ -39,7 +40,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.task import WorkloadOptions
-from workloads.training import accuracy, batches, sgd
+from workloads.training import accuracy, batches, mean_loss, sgd
 
 from .common import EVAL_COST, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
 from .fedavg import star
@@ -236,20 +237,21 @@ class Linked(LearningProtocol):
         return {REPS: await node.compute(represent, model, public, index, work=len(index) * EVAL_COST)}
 
     async def early_stopping(self, node, model, data, best, max_epochs: int) -> tuple[float | None, int]:
-        """Up to max_epochs epochs, stopping after --patience without a better validation accuracy; the
-        model ends as the best of its states (the one it started from included). (last loss, epochs run)"""
+        """Up to max_epochs epochs, stopping after --patience without a lower loss on the early-stopping split
+        (the loss, not the accuracy, which a split of a few samples saturates); the model ends as the best of
+        its states, the one it started from included. (last training loss, epochs run)"""
         loss, patience = None, self.options.patience
         if not len(data.val_y):
             for _ in range(max_epochs):
                 loss = await self.train(node, model, data, epochs=1)
             return loss, max_epochs
-        best_acc, waited, epochs = await self.validate(node, model, data.val_x, data.val_y), 0, 0
+        best_loss, waited, epochs = await self.validation_loss(node, model, data), 0, 0
         await node.compute(copy_model, best, model, work=0)
         while epochs < max_epochs and waited < patience:
             loss, epochs = await self.train(node, model, data, epochs=1), epochs + 1
-            acc = await self.validate(node, model, data.val_x, data.val_y)
-            if acc > best_acc:
-                best_acc, waited = acc, 0
+            val_loss = await self.validation_loss(node, model, data)
+            if val_loss < best_loss:
+                best_loss, waited = val_loss, 0
                 await node.compute(copy_model, best, model, work=0)
             else:
                 waited += 1
@@ -257,8 +259,8 @@ class Linked(LearningProtocol):
         return loss, epochs
 
     @staticmethod
-    async def validate(node, model, x, y) -> float:
-        return await node.compute(accuracy, model, x, y, work=len(y) * EVAL_COST)
+    async def validation_loss(node, model, data) -> float:
+        return await node.compute(mean_loss, model, data.val_x, data.val_y, work=len(data.val_y) * EVAL_COST)
 
     async def learn(self, node, model, data, best, public, index, body: dict | None) -> dict:
         """Steps 5-6 for the round; the metrics."""
@@ -278,7 +280,8 @@ class Linked(LearningProtocol):
         """Step 7: score on the rollback split, keep the best; after the last round, load it back."""
         if not len(data.rollback_y):
             return best_acc, await self.evaluate(node, model, data)
-        acc = await self.validate(node, model, data.rollback_x, data.rollback_y)
+        acc = await node.compute(accuracy, model, data.rollback_x, data.rollback_y,
+                                 work=len(data.rollback_y) * EVAL_COST)
         if acc >= best_acc:
             best_acc = acc
             await node.compute(copy_model, kept, model, work=0)

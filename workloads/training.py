@@ -54,6 +54,17 @@ def accuracy(model, x, y, batch_size: int = 1024) -> float:
     return correct / len(y)
 
 
+def mean_loss(model, x, y, batch_size: int = 1024) -> float:
+    """Mean cross-entropy of the model (eval mode) on (x, y)."""
+    if len(y) == 0:
+        return float("nan")
+    model.eval()
+    with torch.no_grad():
+        total = sum(torch.nn.functional.cross_entropy(model(x[i:i + batch_size]), y[i:i + batch_size],
+                                                      reduction="sum").item() for i in range(0, len(y), batch_size))
+    return total / len(y)
+
+
 def float_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The floating-point entries of a state dict (never counters such as num_batches_tracked)."""
     return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
