@@ -361,6 +361,8 @@ def utility_figures(run: Run) -> Figures:
     rounds = sorted(matrices)
     shown = sorted({rounds[round(q * (len(rounds) - 1))] for q in (0, 1 / 3, 2 / 3, 1)})
     values = np.concatenate([matrices[r][np.isfinite(matrices[r])] for r in shown])
+    if not values.size:
+        return
     fig = _figure(4.2 * len(shown) + 0.8, 4.2)
     axes = fig.subplots(1, len(shown), squeeze=False)[0]
     for ax, rnd in zip(axes, shown):

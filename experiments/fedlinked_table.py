@@ -27,13 +27,13 @@ The subsample rows send 100 and 25 public samples a round on either dataset.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import numpy as np
 
 from analysis.output import markdown, spread
+from analysis.plots import utility_matrices
 from analysis.rundir import load_run
 from app.sweep import run_once
 
@@ -67,17 +67,18 @@ def client_accuracy(run: Path) -> list[float]:
 
 def utility(run: Path, rnd: int | None) -> np.ndarray | None:
     """A[j, k] = A_kj over the three clients (M0, M1, M2) in round `rnd` (None: the last); None without A."""
-    path = run / "utility.jsonl"
-    if not path.exists():
+    loaded = load_run(run)
+    rows = loaded.stream("utility")
+    if not rows:
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    rnd = max(r["round"] for r in rows) if rnd is None else rnd
-    offset = min(r["client"] for r in rows)  # the star's clients are nodes 1-3
-    matrix = np.full((3, 3), np.nan)
-    for row in (r for r in rows if r["round"] == rnd):
-        for k, a in row["utility"].items():
-            matrix[row["client"] - offset, int(k) - offset] = a
-    return matrix
+    matrices = utility_matrices(rows, 4)  # node ids up to 3
+    matrix = matrices[max(matrices) if rnd is None else rnd]
+    return matrix[1:, 1:] if loaded.protocol == "fedlinked" else matrix[:3, :3]  # the star's clients: nodes 1-3
+
+
+def mb_per_round(run: Path) -> float:
+    summary = load_run(run).summary
+    return summary["bytes_total"] / summary["rounds"] / 1e6
 
 
 def related_first(matrices: list[np.ndarray | None]) -> str:
@@ -90,8 +91,7 @@ def related_first(matrices: list[np.ndarray | None]) -> str:
 
 def row(label: str, runs: list[Path], fedavg_mb: float) -> list[str]:
     accuracy = np.array([client_accuracy(run) for run in runs])  # seeds x clients
-    mb = statistics.fmean(load_run(run).summary["bytes_total"] / load_run(run).summary["rounds"] / 1e6
-                          for run in runs)
+    mb = statistics.fmean(mb_per_round(run) for run in runs)
     return [label, *(spread(list(accuracy[:, m]), ".3f") for m in range(3)), spread(list(accuracy.mean(1)), ".3f"),
             related_first([utility(run, 0) for run in runs]), related_first([utility(run, None) for run in runs]),
             f"{mb:.3f}", f"{mb / fedavg_mb:.2f}"]
@@ -124,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[name] = (label, [out / f"{name}-s{seed}" for seed in args.seeds])
         for run, seed in zip(runs[name][1], args.seeds):
             run_once(run, [*flags, *workload(args.dataset, name), "--rounds", str(args.rounds), "--seed", str(seed)])
-    fedavg = runs["fedavg"][1]
-    fedavg_mb = statistics.fmean(load_run(r).summary["bytes_total"] / load_run(r).summary["rounds"] / 1e6
-                                 for r in fedavg)
+    fedavg_mb = statistics.fmean(mb_per_round(run) for run in runs["fedavg"][1])
     rows = [row(label, paths, fedavg_mb) for label, paths in runs.values()]
     samples, sent = DATASETS[args.dataset]
     report = (f"# FedLinked: {args.dataset}, fedlinked:groups=2,classes=4,samples={samples}, "

@@ -272,7 +272,8 @@ class LearningProtocol(Protocol):
         model, data = self.hold(node)
         node.log(**await self.scores(node, model, data))
 
-    async def train(self, node, model, data, job=sgd, passes: float = 1, epochs: int | None = None, **extra) -> float:
+    async def train(self, node, model, data, job=sgd, passes: float = 1, epochs: int | None = None,
+                    **extra) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss.
 
         `job` is sgd or a job taking sgd's arguments and `extra`; a sample is charged `passes` training steps.

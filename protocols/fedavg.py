@@ -49,6 +49,15 @@ def star(graph, protocol: str) -> tuple[int, list[int]]:
     return server, clients
 
 
+async def from_server(node, kind: str, valid, timeout: float):
+    """The next message of `kind` for this round or a later one; None after `timeout` without one.
+    Messages of earlier rounds are dropped, each restarting the wait."""
+    while (message := await node.recv(timeout=timeout, kind=kind, valid=valid)) is not None:
+        if message.round >= node.round:
+            return message
+    return None
+
+
 def average(model, updates: list[tuple[int, dict]]) -> None:
     """x <- sum_k n_k x_k / sum_k n_k over the (n_k, state_k) pairs, in place; no samples: x stays."""
     total = sum(n for n, _ in updates)
@@ -133,10 +142,7 @@ class FedAvg(LearningProtocol):
         wait: the server is alive and catching up after it was offline.
         """
         valid = lambda body: body is None or model_body(body)  # noqa: E731 - None: not sampled this round
-        while (message := await node.recv(timeout=2 * self.options.timeout, kind="model", valid=valid)) is not None:
-            if message.round >= node.round:
-                return message
-        return None
+        return await from_server(node, "model", valid, 2 * self.options.timeout)
 
     def _global_test(self, node):
         """The whole test split, kept where the server's jobs run."""

@@ -15,9 +15,11 @@ the backbone's output) is common.
      <alpha(j, x), B_kj alpha(k, x)>, A_kj = sqrt(eta) s_kj / ||s_.j||. The normalisation is per
      column, which solves Eq. 3.4 under its constraint sum_k A_kj^2 = eta for every j (the printed
      Eq. 3.5 sums over all pairs, which meets the constraint only summed over j);
-  4. target f*_j = sum_k A_kj B_kj alpha(k) / sum_k A_kj (no target while sum_k A_kj <= 0);
+  4. target f*_j = sum_k A_kj B_kj alpha(k) / sum_k |A_kj| (the report divides by sum_k A_kj, the
+     same for A >= 0, which the maps guarantee; without them a column of mixed signs could bring
+     the sum near zero and the target far beyond every representation);
   5. j fits its representations to f*_j on X0 for --dist-epochs (Eq. 3.6), with the loss
-     weighted by sum_k A_kj, as Eq. 3.1's first term weights it (so eta sets the pull);
+     weighted by sum_k |A_kj|, as Eq. 3.1's first term weights it (so eta sets the pull);
   6. j fine-tunes its task-specific layers, backbone frozen (--finetune-epochs), then trains
      locally with early stopping on its first validation split (--local-epochs at most, --patience;
      by the validation loss: the accuracy of a split of a few samples saturates and stops all training);
@@ -26,6 +28,8 @@ the backbone's output) is common.
 fedlinked runs on a star: steps 2-4 run on the server node, and client j receives only f*_j
 and its weight, never A, B or another client's representations. fedlinked-p2p runs on any
 graph: each node computes its own column of A, its maps and f* from its neighbours' alpha.
+A round waits --timeout for representations, round 0 (--init-epochs + 1) times that: pretraining
+runs up to --init-epochs epochs where a later round runs up to --local-epochs.
 --eta 0 is separated learning: the same pretraining, early stopping and rollback, no messages.
 """
 from __future__ import annotations
@@ -40,10 +44,10 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.task import WorkloadOptions
-from workloads.training import accuracy, batches, mean_loss, sgd
+from workloads.training import accuracy, mean_loss, sgd
 
-from .common import EVAL_COST, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
-from .fedavg import star
+from .common import EVAL_COST, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
+from .fedavg import from_server, star
 
 torch = LazyModule("torch")
 
@@ -74,7 +78,7 @@ class FedLinkedOptions(TimeoutOptions, SGDOptions):
     finetune_epochs: int = field(default=2, metadata={
         "help": "fedlinked: epochs training the task-specific layers alone after the fit"})
     patience: int = field(default=3, metadata={
-        "help": "fedlinked: early stopping after this many epochs without a better validation accuracy"})
+        "help": "fedlinked: early stopping after this many epochs without a lower validation loss"})
     public_subsample: int = field(default=0, metadata={
         "help": "fedlinked: send representations of N random public samples, drawn afresh each round (0: all)"})
 
@@ -135,10 +139,10 @@ def utility_column(own: np.ndarray, others: dict[int, np.ndarray], eta: float, m
 
 def regulariser(own: np.ndarray, others: dict[int, np.ndarray], eta: float, maps: bool = True,
                 frame=standardise) -> tuple[dict[int, float], dict | None]:
-    """(A's column for j, the body j gets: f*_j and sum_k A_kj; None while that sum is not positive)."""
+    """(A's column for j, the body j gets: f*_j and sum_k |A_kj|; None while A's column is all zero)."""
     column, mapped, back = utility_column(own, others, eta, maps, frame)
-    weight = sum(column.values())
-    if not mapped or weight <= 0:
+    weight = sum(abs(a) for a in column.values())
+    if weight == 0:
         return column, None
     target = back(sum(a * column[k] for k, a in mapped.items()) / weight)
     return column, {TARGET: target.astype(np.float32), WEIGHT: float(weight)}
@@ -155,25 +159,13 @@ def represent(model, x, index: np.ndarray, batch_size: int = 1024) -> np.ndarray
     return out.float().cpu().numpy()
 
 
-def distil(model, x, index: np.ndarray, target: np.ndarray, weight: float, *, epochs: int, lr: float,
-           momentum: float, weight_decay: float, batch_size: int, generator) -> float:
+def distil(model, x, index: np.ndarray, target: np.ndarray, weight: float, **options) -> float:
     """Eq. 3.6: SGD on the backbone towards f*_j, loss weight * mean squared error; the mean loss."""
-    picked = x[torch.as_tensor(index, device=x.device)]
-    goal = torch.as_tensor(target, device=x.device)
-    optimizer = torch.optim.SGD(model.backbone.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    model.train()
-    total, seen = 0.0, 0
-    for _ in range(epochs):
-        for idx in batches(len(goal), batch_size, generator):
-            if len(idx) < 2:
-                continue  # BatchNorm cannot train on a single sample
-            loss = weight * torch.nn.functional.mse_loss(model.features(picked[idx]), goal[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total, seen = total + loss.item() * len(idx), seen + len(idx)
-    model.zero_grad(set_to_none=True)
-    return total / max(seen, 1)
+    def objective(x_batch, target_batch):
+        return weight * torch.nn.functional.mse_loss(model.features(x_batch), target_batch)
+    picked, goal = x[torch.as_tensor(index, device=x.device)], torch.as_tensor(target, device=x.device)
+    return sgd(model, picked, goal, steps=0, objective=objective, parameters=model.backbone.parameters(),
+               **options)[0]
 
 
 def finetune(model, x, y, **options) -> tuple[float, int]:
@@ -200,6 +192,9 @@ class Linked(LearningProtocol):
         super().__init__(options, env, **workload)
         self.public = self.workload.public()  # public data, normalised once; each node keeps it as its own
         self.public_size = 0 if self.public is None else len(self.public)
+        if options.eta > 0 and self.public_size < 2:
+            raise UsageError(f"--public-fraction {options.public_fraction}: the public set has {self.public_size} "
+                             "samples; fedlinked needs at least 2")
         if options.public_subsample > self.public_size:
             raise UsageError(f"--public-subsample {options.public_subsample}: the public set has only "
                              f"{self.public_size} samples")
@@ -211,10 +206,17 @@ class Linked(LearningProtocol):
             return np.arange(n)
         return np.sort(self.env.seeds.numpy("fedlinked.public", rnd).choice(n, size=k, replace=False))
 
-    async def regularise(self, node, client: int, own, others: dict) -> dict | None:
-        """Steps 2-4 for `client`: records its column of A, returns its body (f*, weight) or None.
-        No emulated time: a few d x d SVDs."""
+    def wait(self, rnd: int) -> float:
+        """How long a round waits for representations: round 0 waits out pretraining too."""
         o = self.options
+        return o.timeout * (o.init_epochs + 1) if rnd == 0 else o.timeout
+
+    async def regularise(self, node, client: int, own, others: dict) -> dict | None:
+        """Steps 2-4 for `client`: records its column of A, returns its body (f*, weight); None without others.
+        No emulated time: SVDs of d x d matrices, one per pair."""
+        o = self.options
+        if not others or not np.isfinite(own).all():  # nobody heard, or the node's own model has diverged
+            return None
         column, body = await node.compute(regulariser, own, others, o.eta, o.procrustes == "on",
                                           standardise if o.standardise == "on" else raw, work=0)
         node.record("utility", client=client, utility={str(k): a for k, a in column.items()})
@@ -350,13 +352,12 @@ class FedLinked(Linked):
             if o.eta == 0:
                 continue  # separated learning: nothing to serve
             index = self.public_index(node.round)
-            heard = await node.gather(REPS, peers=node.neighbours, timeout=o.timeout, valid=self.reps_check(len(index)))
+            heard = await node.gather(REPS, peers=node.neighbours, timeout=self.wait(node.round),
+                                      valid=self.reps_check(len(index)))
             alphas = {k: m.body[REPS] for k, m in heard.items()}
             for j in node.neighbours:
-                body = None
-                if j in alphas:
-                    body = await self.regularise(node, j, alphas[j], {k: a for k, a in alphas.items() if k != j})
-                node.send(j, TARGET, body)
+                others = {k: a for k, a in alphas.items() if k != j}
+                node.send(j, TARGET, await self.regularise(node, j, alphas[j], others) if j in alphas else None)
             node.log(heard_from=len(heard))
 
     async def _client(self, node):
@@ -364,12 +365,12 @@ class FedLinked(Linked):
         model, data, kept, best, public = self.setup(node, self.part[node.id])
         first, best_acc, resume = await self.pretrain(node, model, data, best), -1.0, 0
         for _ in node.rounds():
-            if node.round < resume:
-                continue  # the server is rounds ahead: skip to its round
             index, body = self.public_index(node.round), None
-            if o.eta > 0 and self.server in node.neighbours:
+            # behind the server (it answered a later round), a client learns alone until it has caught up
+            if o.eta > 0 and node.round >= resume and self.server in node.neighbours:
                 node.send(self.server, REPS, await self.represent(node, model, public, index))
-                message = await self._target(node, len(index))
+                message = await from_server(node, TARGET, self.target_check(len(index)),
+                                            self.wait(node.round) + o.timeout)
                 if message is not None and message.round > node.round:
                     resume = message.round + 1
                 elif message is not None:
@@ -378,15 +379,6 @@ class FedLinked(Linked):
             best_acc, scores = await self.roll(node, model, data, kept, best_acc)
             node.log(**first, **metrics, **scores)
             first = {}
-
-    async def _target(self, node, samples: int):
-        """The server's answer for this round or a later one (older ones are dropped); None after twice
-        --timeout (the server waits up to --timeout for the slowest client)."""
-        valid = self.target_check(samples)
-        while (message := await node.recv(timeout=2 * self.options.timeout, kind=TARGET, valid=valid)) is not None:
-            if message.round >= node.round:
-                return message
-        return None
 
     def summary(self, records):
         return {"server": self.server, **super().summary(records)}
@@ -405,9 +397,8 @@ class FedLinkedP2P(Linked):
             if o.eta > 0:
                 own = await self.represent(node, model, public, index)
                 node.broadcast(REPS, own)
-                heard = await node.gather(REPS, timeout=o.timeout, valid=self.reps_check(len(index)))
-                if heard:
-                    body = await self.regularise(node, node.id, own[REPS], {k: m.body[REPS] for k, m in heard.items()})
+                heard = await node.gather(REPS, timeout=self.wait(node.round), valid=self.reps_check(len(index)))
+                body = await self.regularise(node, node.id, own[REPS], {k: m.body[REPS] for k, m in heard.items()})
             metrics = await self.learn(node, model, data, best, public, index, body)
             best_acc, scores = await self.roll(node, model, data, kept, best_acc)
             node.log(**first, **metrics, heard_from=len(heard), **scores)

@@ -21,20 +21,27 @@ def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0)
 
 
 def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, weight_decay: float,
-        batch_size: int, generator: torch.Generator, forward=None) -> tuple[float, int]:
+        batch_size: int, generator: torch.Generator, forward=None, objective=None,
+        parameters=None) -> tuple[float, int]:
     """Local SGD with heavy-ball momentum, buffer fresh each call; returns (mean loss, samples seen).
 
-    forward(x_batch, y_batch) -> logits replaces model(x_batch), for a model whose forward pass needs more.
+    forward(x_batch, y_batch) -> logits replaces model(x_batch), for a model whose forward pass needs more;
+    objective(x_batch, y_batch) -> loss replaces the cross-entropy, and y may then hold any per-sample target.
+    parameters: those SGD updates (default: all the model's).
     """
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    optimizer = torch.optim.SGD(model.parameters() if parameters is None else parameters, lr=lr, momentum=momentum,
+                                weight_decay=weight_decay)
     model.train()
     total, seen = 0.0, 0
     for _ in range(1 if steps else epochs):
         for idx in batches(len(y), batch_size, generator, steps):
             if len(idx) < 2 and model.training:
                 continue  # BatchNorm cannot train on a single sample
-            logits = model(x[idx]) if forward is None else forward(x[idx], y[idx])
-            loss = torch.nn.functional.cross_entropy(logits, y[idx])
+            if objective is not None:
+                loss = objective(x[idx], y[idx])
+            else:
+                logits = model(x[idx]) if forward is None else forward(x[idx], y[idx])
+                loss = torch.nn.functional.cross_entropy(logits, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -45,23 +52,22 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
 
 
 def accuracy(model, x, y, batch_size: int = 1024) -> float:
-    if len(y) == 0:
-        return float("nan")
-    model.eval()
-    with torch.no_grad():
-        correct = sum((model(x[i:i + batch_size]).argmax(1) == y[i:i + batch_size]).sum().item()
-                      for i in range(0, len(y), batch_size))
-    return correct / len(y)
+    return _mean_over(model, x, y, batch_size, lambda logits, labels: (logits.argmax(1) == labels).sum().item())
 
 
 def mean_loss(model, x, y, batch_size: int = 1024) -> float:
     """Mean cross-entropy of the model (eval mode) on (x, y)."""
+    return _mean_over(model, x, y, batch_size, lambda logits, labels: torch.nn.functional.cross_entropy(
+        logits, labels, reduction="sum").item())
+
+
+def _mean_over(model, x, y, batch_size: int, batch_sum) -> float:
+    """sum over batches of batch_sum(logits, labels), over the sample count; NaN without samples."""
     if len(y) == 0:
         return float("nan")
     model.eval()
     with torch.no_grad():
-        total = sum(torch.nn.functional.cross_entropy(model(x[i:i + batch_size]), y[i:i + batch_size],
-                                                      reduction="sum").item() for i in range(0, len(y), batch_size))
+        total = sum(batch_sum(model(x[i:i + batch_size]), y[i:i + batch_size]) for i in range(0, len(y), batch_size))
     return total / len(y)
 
 
