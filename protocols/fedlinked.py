@@ -313,13 +313,13 @@ class Linked(LearningProtocol):
             return
         table = Table(title=f"{self.name}: cross-utility A_kj in round {summary['utility_round']} "
                             "(how useful k is to j)", box=box.SIMPLE_HEAD)
-        if len(utility) <= 6:
-            table.add_column("k \\ j")
+        if len(utility) <= 6:  # row j, column k, as plots/utility.png draws it
+            table.add_column("j \\ k")
             others = sorted({k for col in utility.values() for k in col}, key=int)
-            for j in utility:
-                table.add_column(j, justify="right")
             for k in others:
-                table.add_row(k, *(f"{utility[j][k]:.3f}" if k in utility[j] else "-" for j in utility))
+                table.add_column(k, justify="right")
+            for j, column in utility.items():
+                table.add_row(j, *(f"{column[k]:.3f}" if k in column else "-" for k in others))
         else:
             for name in ("j", "k ranked first", "its A_kj", "mean A_kj"):
                 table.add_column(name, justify="right")
