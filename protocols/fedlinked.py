@@ -53,7 +53,7 @@ torch = LazyModule("torch")
 
 REPS = "reps"  # alpha(j, X0): float32, (public samples, d_z)
 TARGET = "target"  # f*_j, the same shape
-WEIGHT = "weight"  # sum_k A_kj: how hard j is pulled to f*_j
+WEIGHT = "weight"  # sum_k |A_kj|: how hard j is pulled to f*_j
 
 
 @dataclass
