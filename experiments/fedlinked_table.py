@@ -34,7 +34,7 @@ import numpy as np
 
 from analysis.output import markdown, spread
 from analysis.plots import utility_matrices
-from analysis.rundir import load_run
+from analysis.rundir import Run, load_run
 from app.sweep import run_once
 
 WORKLOAD = ["--public-fraction", "0.25", "--val-fraction", "0.1", "--rollback-fraction", "0.1",
@@ -58,27 +58,25 @@ METHODS = [  # (run name, table label, flags)
 ]
 
 
-def client_accuracy(run: Path) -> list[float]:
+def client_accuracy(run: Run) -> list[float]:
     """Last-round test accuracy of M0, M1, M2: the nodes that score, in id order."""
-    metrics = load_run(run).metrics
+    metrics = run.metrics
     last = max(r["round"] for r in metrics)
     return [r["test_acc"] for r in sorted(metrics, key=lambda r: r["node"]) if r["round"] == last and "test_acc" in r]
 
 
-def utility(run: Path, rnd: int | None) -> np.ndarray | None:
+def utility(run: Run, rnd: int | None) -> np.ndarray | None:
     """A[j, k] = A_kj over the three clients (M0, M1, M2) in round `rnd` (None: the last); None without A."""
-    loaded = load_run(run)
-    rows = loaded.stream("utility")
+    rows = run.stream("utility")
     if not rows:
         return None
     matrices = utility_matrices(rows, 4)  # node ids up to 3
     matrix = matrices[max(matrices) if rnd is None else rnd]
-    return matrix[1:, 1:] if loaded.protocol == "fedlinked" else matrix[:3, :3]  # the star's clients: nodes 1-3
+    return matrix[1:, 1:] if run.protocol == "fedlinked" else matrix[:3, :3]  # the star's clients: nodes 1-3
 
 
-def mb_per_round(run: Path) -> float:
-    summary = load_run(run).summary
-    return summary["bytes_total"] / summary["rounds"] / 1e6
+def mb_per_round(run: Run) -> float:
+    return run.summary["bytes_total"] / run.summary["rounds"] / 1e6
 
 
 def related_first(matrices: list[np.ndarray | None]) -> str:
@@ -89,7 +87,7 @@ def related_first(matrices: list[np.ndarray | None]) -> str:
     return f"{wins}/{len(matrices)}"
 
 
-def row(label: str, runs: list[Path], fedavg_mb: float) -> list[str]:
+def row(label: str, runs: list[Run], fedavg_mb: float) -> list[str]:
     accuracy = np.array([client_accuracy(run) for run in runs])  # seeds x clients
     mb = statistics.fmean(mb_per_round(run) for run in runs)
     return [label, *(spread(list(accuracy[:, m]), ".3f") for m in range(3)), spread(list(accuracy.mean(1)), ".3f"),
@@ -97,7 +95,7 @@ def row(label: str, runs: list[Path], fedavg_mb: float) -> list[str]:
             f"{mb:.3f}", f"{mb / fedavg_mb:.2f}"]
 
 
-def mean_utility(runs: list[Path], rnd: int | None) -> str:
+def mean_utility(runs: list[Run], rnd: int | None) -> str:
     mean = np.mean([np.nan_to_num(utility(run, rnd)) for run in runs], axis=0)  # the diagonal is empty
     names = ["M0", "M1", "M2"]
     return markdown(["j \\ k", *names], [[names[j], *("–" if j == k else f"{mean[j, k]:.3f}" for k in range(3))]
@@ -121,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"runs/fedlinked-{args.dataset}")
     runs = {}
     for name, label, flags in METHODS:
-        runs[name] = (label, [out / f"{name}-s{seed}" for seed in args.seeds])
-        for run, seed in zip(runs[name][1], args.seeds):
-            run_once(run, [*flags, *workload(args.dataset, name), "--rounds", str(args.rounds), "--seed", str(seed)])
+        paths = [out / f"{name}-s{seed}" for seed in args.seeds]
+        for path, seed in zip(paths, args.seeds):
+            run_once(path, [*flags, *workload(args.dataset, name), "--rounds", str(args.rounds), "--seed", str(seed)])
+        runs[name] = (label, [load_run(path) for path in paths])  # each read once
     fedavg_mb = statistics.fmean(mb_per_round(run) for run in runs["fedavg"][1])
-    rows = [row(label, paths, fedavg_mb) for label, paths in runs.values()]
+    rows = [row(label, loaded, fedavg_mb) for label, loaded in runs.values()]
     samples, sent = DATASETS[args.dataset]
     report = (f"# FedLinked: {args.dataset}, fedlinked:groups=2,classes=4,samples={samples}, "
               f"{sent or 'all'} public samples a round, {args.rounds} rounds\n\n"
