@@ -23,6 +23,7 @@ from emulator.errors import UsageError, WorkerLost
 from emulator.protocol import protocols
 from emulator.units import UnitError
 
+from . import __version__
 from . import settings as cfg
 from .run import LateFailure, execute, out_dir
 
@@ -56,12 +57,20 @@ def build_parser(registry: dict, protocol: str | None = None) -> _Parser:
     parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
                         help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")
     parser.add_argument("--list-protocols", action="store_true", help="list the protocols and exit")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     group = parser.add_argument_group("emulator")
     for f in fields(cfg.RunConfig):
         _add_field(group, f.name, cfg.default(f), cfg.HELP[f.name])
     if protocol is not None:
         _protocol_group(parser, protocol, registry[protocol])
     return parser
+
+
+def protocol_list(registry: dict) -> str:
+    """One line a protocol: its name, then the first line of its docstring, in one column."""
+    width = max(map(len, registry))
+    return "\n".join(f"{name:{width}}  {((cls.__doc__ or '').strip().splitlines() or [''])[0]}"
+                     for name, cls in registry.items())
 
 
 def full_help(registry: dict) -> str:
@@ -99,6 +108,7 @@ def resolve(argv: list[str], registry: dict) -> tuple[cfg.RunConfig, Any]:
     given = vars(args)
     given.pop("config", None)
     given.pop("list_protocols", None)
+    given.pop("version", None)
     return cfg.resolve({**settings, **given}, registry)
 
 
@@ -138,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if "--version" in argv:
+        print(f"emulate {__version__}")
+        return 0
     try:
         registry = protocols()
         if "--list-protocols" in argv:
-            for name, cls in registry.items():
-                print(f"{name:12s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+            print(protocol_list(registry))
             return 0
         if "-h" in argv or "--help" in argv:
             named, _ = _chosen_protocol([a for a in argv if a not in ("-h", "--help")])

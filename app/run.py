@@ -36,6 +36,7 @@ from emulator.network import Network
 from emulator.protocol import Environment, Protocol, protocols
 from emulator.seeds import Seeds
 
+from . import __version__
 from . import scenario as scenarios
 from . import settings as cfg
 from .stream import RunStream
@@ -115,20 +116,24 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
     seeds = Seeds(config.seed)
     clock = RealClock(config.time_scale) if config.clock == "real" else VirtualClock()
-    spec = cfg.link_spec(config)
-    network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
-                      edge_specs=cfg.edge_specs(graph, spec),
-                      uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
-                      downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
-                      compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
-                      schedule=scenario.schedule,
-                      faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
-                      nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
-                      adversaries=_adversaries(config, n, seeds))
-    availability = (dynamics.Availability(scenario, network.online, clock, seeds)
-                    if scenario.nodes_change else None)
-    compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
-    return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+    try:
+        spec = cfg.link_spec(config)
+        network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
+                          edge_specs=cfg.edge_specs(graph, spec),
+                          uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
+                          downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
+                          compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
+                          schedule=scenario.schedule,
+                          faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
+                          nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
+                          adversaries=_adversaries(config, n, seeds))
+        availability = (dynamics.Availability(scenario, network.online, clock, seeds)
+                        if scenario.nodes_change else None)
+        compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
+        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+    except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
+        clock.loop.close()
+        raise
 
 
 def make_executor(config: cfg.RunConfig):
@@ -242,7 +247,7 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
                      default={})
     return {
         "protocol": config.protocol, "topology": topology_label(config, scenario),
-        "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed,
+        "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed, "version": __version__,
         **totals,
         "messages_in_flight": totals["messages_total"] - totals["messages_delivered"]
         - sum(v for k, v in totals.items() if k.startswith("dropped_")),

@@ -5,13 +5,17 @@ lives in that coroutine (its locals, or objects it makes), never on the protocol
 object, which every node shares. Its tunable options are a dataclass `Options`;
 every field becomes a CLI flag and a config key. Protocols live as modules of
 the `protocols` package, which is imported on first lookup, so adding a protocol
-is adding one file there.
+is adding one file there. Another installed package adds its own through the
+entry-point group `p2p_emulator.protocols` (`name = "package.module:Class"`).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import pkgutil
+import warnings
+from importlib.metadata import entry_points
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     from .node import Node
 
 PROTOCOL_PACKAGE = "protocols"
+PLUGIN_GROUP = "p2p_emulator.protocols"
 _REGISTRY: dict[str, type["Protocol"]] = {}
 
 
@@ -89,9 +94,27 @@ def register(name: str):
     return decorate
 
 
+class PluginWarning(UserWarning):
+    """An installed package's protocol could not be loaded; the others still run."""
+
+
 def protocols() -> dict[str, type[Protocol]]:
-    """All registered protocols, importing the protocol package's modules first."""
+    """All registered protocols, importing the protocol package's modules and the plugins first."""
     package = importlib.import_module(PROTOCOL_PACKAGE)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{PROTOCOL_PACKAGE}.{module.name}")
+    _load_plugins()
     return dict(sorted(_REGISTRY.items()))
+
+
+@functools.cache  # once per process: a broken plugin is reported once
+def _load_plugins() -> None:
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            cls = entry.load()
+            if not (isinstance(cls, type) and issubclass(cls, Protocol)):
+                raise TypeError(f"{cls!r} is not a subclass of emulator.protocol.Protocol")
+            register(entry.name)(cls)
+        except Exception as exc:  # any failure of someone else's code: name it, keep the built-in protocols
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            warnings.warn(f"protocol plugin {entry.name!r} ({entry.value}) not loaded: {message}", PluginWarning)

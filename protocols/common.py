@@ -21,7 +21,7 @@ from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
 from workloads.lazy import LazyModule
-from workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions
+from workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options
 from workloads.training import accuracy, flat, float_state, sgd
 
 torch = LazyModule("torch")
@@ -65,6 +65,10 @@ class TrainingOptions(WorkloadOptions, CheckedOptions):
 
     def validate(self):
         super().validate()
+        try:
+            check_options(self)
+        except WorkloadError as exc:
+            raise UsageError(str(exc)) from None
         check("lr", self.lr, self.lr > 0, "must be positive")
         check("batch-size", self.batch_size, self.batch_size >= 1, "must be at least 1")
         check("local-epochs", self.local_epochs, self.local_epochs >= 1, "must be at least 1")

@@ -53,6 +53,7 @@ torch = LazyModule("torch")
 # PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
 pml = LazyModule("workloads.prototypes")
 augment = LazyModule("workloads.augment")
+LOSS_FORMS = ("code", "paper")  # pml.LOSSES's keys: checking --loss-forms must not load torch
 
 KIND, DROP = "mapl", "drop"
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
@@ -103,7 +104,7 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
 
     def validate(self):
         super().validate()
-        for flag, value, allowed in (("loss-forms", self.loss_forms, pml.LOSSES),
+        for flag, value, allowed in (("loss-forms", self.loss_forms, LOSS_FORMS),
                                      ("similarity", self.similarity, ("max", "raw")),
                                      ("classifier-rows", self.classifier_rows, ("centred", "raw")),
                                      ("graph-step", self.graph_step, ("adam", "sgd"))):

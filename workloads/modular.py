@@ -24,7 +24,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .models import RNG_LOCK, ModelError, build_model
+from .model_specs import ModelError
+from .models import RNG_LOCK, build_model
 
 LABEL_WIDTH = 32  # the router's one-hot label embedding
 

@@ -133,7 +133,7 @@ def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int,
     public_fraction of every class is held out first as the shared unlabelled set; then each
     node moves val_fraction and rollback_fraction of its train split to its two validation splits.
     """
-    name, options = _parse_spec(spec)
+    name, options = parse_partition(spec)
     _require(num_nodes >= 1, f"need at least one node, got {num_nodes}")
     for what, fraction in (("val", val_fraction), ("public", public_fraction), ("rollback", rollback_fraction)):
         _require(0 <= fraction < 1, f"{what} fraction must be in [0, 1), got {fraction}")
@@ -157,7 +157,8 @@ def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int,
 # ---------------------------------------------------------------- spec and inputs
 
 
-def _parse_spec(spec: str) -> tuple[str, dict]:
+def parse_partition(spec: str) -> tuple[str, dict]:
+    """'dirichlet:alpha=0.5' -> ('dirichlet', {'alpha': 0.5, ...}) with the defaults filled in."""
     name, _, rest = spec.strip().partition(":")
     if name not in _OPTIONS:
         raise PartitionError(f"unknown partition {name!r} in {spec!r}; choose from {', '.join(PARTITIONS)}")

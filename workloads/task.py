@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from .datasets import NORMALIZATIONS, DatasetError, load_dataset, normalise
+from . import model_specs
+from .datasets import DATASETS, NORMALIZATIONS, DatasetError, load_dataset, normalise
 from .lazy import LazyModule
-from .partitions import PartitionError, make_partition
+from .partitions import PartitionError, make_partition, parse_partition
 
 torch = LazyModule("torch")
 # torchvision's architectures come with the models: imported when the first workload is built
@@ -81,34 +83,30 @@ class Workload:
     def __init__(self, options: WorkloadOptions, env, *, workers: int | None = None, parts: int | None = None,
                  projection: tuple[int, int] | None = None, averaged_by: str | None = None):
         self.options, self.env, self.projection = options, env, projection
+        parts = env.num_nodes if parts is None else parts
+        try:  # the settings first: bad ones fail before torch and the dataset load
+            check_options(options)
+            self.archs = [model_specs.assigned_arch(options.model, i, options.model_assign,
+                                                    env.seeds.stream("model.assign", i)) for i in range(parts)]
+        except model_specs.ModelError as exc:
+            raise WorkloadError(str(exc)) from None
+        _check_architectures(options, sorted(set(self.archs)), averaged_by)
         # Several nodes train at once on the executor's threads: don't oversubscribe the cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers or os.cpu_count() or 1)))
         if env.device == "cuda" and not torch.cuda.is_available():
             raise WorkloadError("--device cuda: no CUDA device is available")
         self.device = torch.device(env.device)
-        parts = env.num_nodes if parts is None else parts
         try:
-            _check(options)
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
                                             self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, env.seeds.stream("partition"),
                                             options.val_fraction, options.public_fraction,
                                             options.rollback_fraction)
-            self.archs = [models.assigned_arch(options.model, i, options.model_assign, env.seeds.stream("model.assign", i))
-                          for i in range(parts)]
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
             models.build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z)
-        except (DatasetError, PartitionError, models.ModelError) as exc:
+        except (DatasetError, PartitionError, model_specs.ModelError) as exc:
             raise WorkloadError(str(exc)) from None
-        archs = sorted(set(self.archs))
-        if averaged_by is not None and len(archs) > 1:
-            raise WorkloadError(f"--model {options.model}: {averaged_by} averages models, so every node needs "
-                                f"the same architecture (got {', '.join(archs)})")
-        if options.init == "common" and len(archs) > 1:
-            raise WorkloadError(f"--init common: --model {options.model} gives nodes different architectures "
-                                f"({', '.join(archs)}), so they cannot share initial weights; "
-                                "use --init independent")
         self.test_set = options.test_set
         if self.test_set == "auto":
             self.test_set = "global" if self.partition.spec.split(":")[0] in GLOBAL_TEST_PARTITIONS else "local"
@@ -138,7 +136,7 @@ class Workload:
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
                                assign=o.model_assign, assign_seed=self.env.seeds.stream("model.assign", part),
                                init_seed=self.init_seed(part)).to(self.device)
-        except models.ModelError as exc:
+        except model_specs.ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
     def init_seed(self, part: int) -> int:
@@ -172,10 +170,35 @@ class Workload:
         return normalise(x[idx], self.dataset, self.options.normalize).to(self.device), y[idx].to(self.device)
 
 
-def _check(o: WorkloadOptions) -> None:
-    for flag, value, allowed in (("norm", o.norm, models.NORMS), ("init", o.init, INITS),
+def _check_architectures(options: WorkloadOptions, archs: list[str], averaged_by: str | None) -> None:
+    if averaged_by is not None and len(archs) > 1:
+        raise WorkloadError(f"--model {options.model}: {averaged_by} averages models, so every node needs "
+                            f"the same architecture (got {', '.join(archs)})")
+    if options.init == "common" and len(archs) > 1:
+        raise WorkloadError(f"--init common: --model {options.model} gives nodes different architectures "
+                            f"({', '.join(archs)}), so they cannot share initial weights; use --init independent")
+
+
+def check_options(o: WorkloadOptions) -> None:
+    """Every workload setting that can be checked without loading data, so that bad input fails at once."""
+    for flag, value, allowed in (("dataset", o.dataset, DATASETS), ("norm", o.norm, model_specs.NORMS),
+                                 ("model-assign", o.model_assign, model_specs.ASSIGNMENTS), ("init", o.init, INITS),
                                  ("test-set", o.test_set, TEST_SETS), ("normalize", o.normalize, NORMALIZATIONS)):
         if value not in allowed:
             raise WorkloadError(f"--{flag} {value!r}: choose one of {', '.join(allowed)}")
+    for flag, value in (("val-fraction", o.val_fraction), ("rollback-fraction", o.rollback_fraction),
+                        ("public-fraction", o.public_fraction)):
+        if not 0 <= value < 1:
+            raise WorkloadError(f"--{flag} {value}: must be in [0, 1)")
+    if o.val_fraction + o.rollback_fraction >= 1:
+        raise WorkloadError(f"--val-fraction {o.val_fraction} and --rollback-fraction {o.rollback_fraction}: "
+                            "together they must leave training samples (sum below 1)")
     if o.eval_every < 1:
         raise WorkloadError(f"--eval-every {o.eval_every}: must be at least 1")
+    if o.data_root and Path(o.data_root).expanduser().exists() and not Path(o.data_root).expanduser().is_dir():
+        raise WorkloadError(f"--data-root {o.data_root}: is not a directory")
+    try:
+        model_specs.parse_model(o.model)
+        parse_partition(o.partition)
+    except (model_specs.ModelError, PartitionError) as exc:
+        raise WorkloadError(str(exc)) from None
