@@ -8,7 +8,9 @@ Every `@pytest.mark.asyncio` test runs on a VirtualClock's loop (the hook below)
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
+import re
 from dataclasses import dataclass
 
 import networkx as nx
@@ -28,6 +30,43 @@ from emulator.node import Node, NodeContext
 from emulator.protocol import Protocol
 from emulator.recorder import Recorder
 from emulator.seeds import Seeds
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: -p no:xdist -n 0 still loads this file
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup (pyproject.toml's addopts), with one more rule: a test file that defines a module-
+    or session-scoped fixture (a run that several of its tests read) or names an xdist_group (the Ray
+    tests: one local Ray) runs on one worker, so that the fixture is built, or Ray started, once. Every
+    other test goes to whichever worker is free.
+
+    The rule lives here because pytest-xdist 3.8 marks a group by appending "@group" to the test's id,
+    which pytest 9.2's structured ids ignore: loadgroup then silently spreads a group over the workers
+    (pytest-dev/pytest-xdist#1386). An id that does carry "@group" still groups as xdist intends.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    root = config.rootpath
+
+    class FileGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.rfind("@") > nodeid.rfind("]"):
+                return super()._split_scope(nodeid)
+            path = nodeid.split("::", 1)[0]
+            return path if _one_worker(root / path) else nodeid
+
+    return FileGroups(config, log)
+
+
+@functools.cache
+def _one_worker(path) -> bool:
+    try:
+        source = path.read_text()
+    except OSError:
+        return False
+    return re.search(r"""scope=["'](module|package|session)["']|xdist_group""", source) is not None
+
 
 def pytest_asyncio_loop_factories(config, item):
     """Async tests run on the virtual clock's loop."""

@@ -49,8 +49,11 @@ def test_every_round_trains_by_default(traced):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_matches_dfedavgm_with_the_same_training(tmp_path, seed):
-    """One local epoch per node per round in both, same optimiser: gossip learning ends within 3 points."""
-    args = ["--rounds", "100", "--eval-every", "100", "--seed", str(seed)]
+    """One local epoch per node per round in both, same optimiser: gossip learning ends within 3 points.
+
+    50 rounds (both at 0.91, 0.2 points apart at seeds 0 and 1) tell a gossip that merges nothing apart as
+    100 did: it ends 4.3 and 5.1 points behind (100 rounds: 5.8 and 6.2)."""
+    args = ["--rounds", "50", "--eval-every", "50", "--seed", str(seed)]
     gossip, _ = _run(tmp_path / "gossip", "--protocol", "gossip-learning", *args)
     dfedavgm, _ = _run(tmp_path / "dfedavgm", "--protocol", "dfedavgm", *args)
     assert dfedavgm["final"]["test_acc"] >= 0.85

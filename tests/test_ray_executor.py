@@ -17,6 +17,10 @@ from app.cli import main
 from app.run import run
 from tests.conftest import assert_one_line_error
 
+# Under xdist the module runs on one worker: its runs join the module's one local Ray (the bad flags that reach
+# Ray too) instead of each starting a cluster on a machine shared with the other workers.
+pytestmark = pytest.mark.xdist_group("ray")
+
 OUTPUTS = ("metrics.jsonl", "links.csv", "messages.jsonl")
 SMALL = dict(nodes=8, rounds=3, trace=True, quiet=True, no_plots=True, seed=3)
 
@@ -29,27 +33,46 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("settings", [
-    dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32"),
-    dict(protocol="mapl", topology="mesh", model="hetero-small", partition="mapl:scenario=1", local_epochs=1),
-    dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32", churn="up=0.5s,down=0.3s",
-         timeout=0.5),
-], ids=["dfedavgm", "mapl-hetero-small", "dfedavgm-churn"])
-def test_ray_gives_the_thread_runs_bytes(local_ray, tmp_path, settings):
+SETTINGS = {
+    "dfedavgm": dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32"),
+    "mapl-hetero-small": dict(protocol="mapl", topology="mesh", model="hetero-small", partition="mapl:scenario=1",
+                              local_epochs=1),
+    "dfedavgm-churn": dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32",
+                           churn="up=0.5s,down=0.3s", timeout=0.5),
+}
+
+
+@pytest.fixture(scope="module")
+def on_ray(local_ray, tmp_path_factory):
+    """The run of SETTINGS[name] on Ray, made once for the module: a Ray run starts its worker processes
+    afresh (seconds each), and the tests below read the same runs."""
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            out = tmp_path_factory.mktemp(name) / "ray"
+            runs[name] = run(**SMALL, **SETTINGS[name], executor="ray", ray_workers=2, out=str(out))
+        return runs[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_ray_gives_the_thread_runs_bytes(on_ray, tmp_path, name):
+    settings = SETTINGS[name]
     threads = run(**SMALL, **settings, workers=2, out=str(tmp_path / "thread"))
-    on_ray = run(**SMALL, **settings, executor="ray", ray_workers=2, out=str(tmp_path / "ray"))
-    for name in OUTPUTS:
-        assert (threads.out_dir / name).read_bytes() == (on_ray.out_dir / name).read_bytes(), name
-    executor = on_ray.summary["executor"]
+    ray_run = on_ray(name)
+    for output in OUTPUTS:
+        assert (threads.out_dir / output).read_bytes() == (ray_run.out_dir / output).read_bytes(), output
+    executor = ray_run.summary["executor"]
     assert executor["kind"] == "ray" and executor["workers"] == 2 and executor["jobs"] > 0
     if "churn" in settings:
-        assert on_ray.summary["dropped_offline"] > 0  # the scenario did take nodes down
+        assert ray_run.summary["dropped_offline"] > 0  # the scenario did take nodes down
 
 
-def test_state_stays_on_the_workers(local_ray, tmp_path):
+def test_state_stays_on_the_workers(on_ray):
     """Models and data go to the workers once; per round only what the protocol sends or reads travels."""
-    result = run(**SMALL, protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32", executor="ray",
-                 ray_workers=2, out=str(tmp_path / "ray"))
+    result = on_ray("dfedavgm")  # SMALL, dfedavgm on a 4-regular graph, an MLP, 2 Ray workers
     executor, summary = result.summary["executor"], result.summary
     moved = executor["bytes_to_workers"] + executor["bytes_from_workers"]
     assert 0 < moved <= 2 * summary["bytes_total"]
