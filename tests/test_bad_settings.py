@@ -1,8 +1,22 @@
 """Bad settings, from flags, config files and topology files: exit 2, one short line naming the problem,
 no traceback, and nothing run."""
+import gc
+
 import pytest
 
 from app.cli import main
+
+# A refused run leaves nothing behind, not even a warning: an unclosed loop or file fails the test.
+pytestmark = [pytest.mark.filterwarnings("error::ResourceWarning"),
+              pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")]
+
+
+@pytest.fixture(autouse=True)
+def _collected():
+    """What a refused run left unclosed warns when it is collected: collect it within the test."""
+    yield
+    gc.collect()
+
 
 GOSSIP = ["--protocol", "gossip", "--nodes", "4", "--rounds", "2", "--quiet", "--no-plots"]
 DFEDAVGM = ["--protocol", "dfedavgm", "--dataset", "digits", "--nodes", "4", "--rounds", "1", "--model", "mlp",
