@@ -15,8 +15,8 @@ import importlib
 import json
 import pkgutil
 import warnings
-from importlib.metadata import entry_points
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
