@@ -1,6 +1,7 @@
 """--executor ray: the same run as on threads, byte for byte; a lost worker; bad flags."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -46,13 +47,10 @@ SETTINGS = {
 def on_ray(local_ray, tmp_path_factory):
     """The run of SETTINGS[name] on Ray, made once for the module: a Ray run starts its worker processes
     afresh (seconds each), and the tests below read the same runs."""
-    runs = {}
-
+    @functools.cache
     def get(name):
-        if name not in runs:
-            out = tmp_path_factory.mktemp(name) / "ray"
-            runs[name] = run(**SMALL, **SETTINGS[name], executor="ray", ray_workers=2, out=str(out))
-        return runs[name]
+        out = tmp_path_factory.mktemp(name) / "ray"
+        return run(**SMALL, **SETTINGS[name], executor="ray", ray_workers=2, out=str(out))
 
     return get
 
