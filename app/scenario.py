@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 from typing import Any
 
 import topologies
@@ -180,8 +181,9 @@ def schedule(config, n: int):
     try:
         seed = Seeds(config.seed).integer("topology")
         return topologies.schedule(str(config.topology_schedule), config.topology, n, seed)
-    except topologies.TopologyError as exc:
-        raise ScenarioError(f"--topology-schedule {config.topology_schedule}: {exc}") from None
+    except topologies.TopologyError as exc:  # a file's error names the file already: the problem must fit the line
+        named = Path(config.topology_schedule).is_file() and str(config.topology_schedule) in str(exc)
+        raise ScenarioError(str(exc) if named else f"--topology-schedule {config.topology_schedule}: {exc}") from None
 
 
 def check(config) -> None:
