@@ -29,10 +29,8 @@ the per-run comparison of `emulate report`.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 import shlex
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +38,9 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from analysis.output import (ArgumentsError, Parser, fail, mean_std, metric_header, rich_table, stdout_console,
-                             write_table)
-from analysis.report import write_comparison
-from analysis.rundir import Run, RunDirError, is_finished, load_run, read_summary
+from analysis.output import ArgumentsError, Parser, fail, stdout_console
+from analysis.rundir import RunDirError, is_finished, load_run, read_summary
+from analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator.units import UnitError
@@ -72,9 +69,7 @@ class Grid:
     base: dict
     axes: dict[str, list[Entry]]
     out: Path
-    rows: str
-    columns: str | None
-    metrics: list[str]
+    table: TableSpec
 
 
 @dataclass
@@ -133,24 +128,6 @@ def _entry(axis: str, value, where: str) -> Entry:
     return Entry(str(value), _settings({axis: value}, where))
 
 
-def _table(spec, axes: dict[str, list[Entry]], where: str) -> tuple[str, str | None, list[str]]:
-    if not isinstance(spec, dict) or set(spec) - {"rows", "columns", "metric"}:
-        raise GridError(f"{where}: table: expected a mapping of rows, columns and metric")
-    plain = [axis for axis in axes if axis != "seed"] or list(axes)
-    rows = spec.get("rows", plain[0])
-    columns = spec.get("columns", next((a for a in plain if a != rows), None))
-    for role, axis in (("rows", rows), ("columns", columns)):
-        if axis is not None and axis not in axes:
-            raise GridError(f"{where}: table: {role} {axis!r} is not an axis of the grid ({', '.join(axes)})")
-    if rows == columns:
-        raise GridError(f"{where}: table: rows and columns must be different axes")
-    metric = spec.get("metric", "test_acc")
-    metrics = metric if isinstance(metric, list) else [metric]
-    if not metrics or not all(isinstance(m, str) and m for m in metrics):
-        raise GridError(f"{where}: table: metric must be a name or a list of names")
-    return rows, columns, metrics
-
-
 def load_grid(path: Path) -> Grid:
     """Parse and check a grid file; GridError (one line) on anything wrong with it."""
     path = Path(path)
@@ -181,7 +158,11 @@ def load_grid(path: Path) -> Grid:
     out = data.get("out") or f"runs/sweep-{path.stem}"
     if not isinstance(out, str):
         raise GridError(f"{where}: out: expected a directory path")
-    return Grid(base, axes, Path(out), *_table(data.get("table") or {}, axes, where))
+    try:
+        table = parse_table(data.get("table") or {}, axis_labels(axes), where)
+    except StudyError as exc:
+        raise GridError(str(exc)) from None
+    return Grid(base, axes, Path(out), table)
 
 
 def points(grid: Grid) -> list[Point]:
@@ -261,57 +242,12 @@ def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
     return failed
 
 
-def _value(run: Run, metric: str) -> float:
-    value = run.summary["final"].get(metric, run.summary.get(metric))
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+def study_runs(grid: Grid, runs: list[Point]) -> list[StudyRun]:
+    return [StudyRun(grid.out / p.name, p.labels) for p in runs]
 
 
-def paper_table(grid: Grid, runs: list[Point], finished: dict[str, Run], metric: str):
-    """rows x columns of `metric`: mean ± std over the runs of each cell; formatted and raw rows."""
-    row_labels = [e.label for e in grid.axes[grid.rows]]
-    column_labels = [e.label for e in grid.axes[grid.columns]] if grid.columns else [metric_header(metric)]
-    cells: dict[tuple[str, str], list[float]] = {}
-    for point in runs:
-        run = finished.get(point.name)
-        value = math.nan if run is None else _value(run, metric)
-        if not math.isnan(value):
-            column = point.labels[grid.columns] if grid.columns else column_labels[0]
-            cells.setdefault((point.labels[grid.rows], column), []).append(value)
-    shown, raw = [], []
-    for row in row_labels:
-        shown_row, raw_row = [row], [row]
-        for column in column_labels:
-            values = cells.get((row, column), [])
-            mean = statistics.fmean(values) if values else math.nan
-            std = statistics.stdev(values) if len(values) > 1 else None
-            shown_row.append(mean_std(metric, mean, std))
-            raw_row += [mean, math.nan if std is None else std, len(values)]
-        shown.append(shown_row)
-        raw.append(raw_row)
-    headers = [grid.rows, *column_labels]
-    csv_headers = [grid.rows, *(f"{c} {part}" for c in column_labels for part in ("mean", "std", "runs"))]
-    return headers, shown, csv_headers, raw
-
-
-def tabulate(grid: Grid, runs: list[Point], console: Console) -> list[Path]:
-    finished = {}
-    for point in runs:
-        if is_finished(grid.out / point.name):
-            try:
-                finished[point.name] = load_run(grid.out / point.name)
-            except RunDirError as exc:
-                fail(PROG, str(exc))
-    written = []
-    spread = [axis for axis in grid.axes if axis not in (grid.rows, grid.columns)]
-    for metric in grid.metrics:
-        headers, shown, csv_headers, raw = paper_table(grid, runs, finished, metric)
-        written += write_table(grid.out / f"table_{metric}", headers, shown, csv_headers, raw)
-        over = f"mean ± std over {', '.join(spread)}" if spread else "one run per cell"
-        shape = f"{grid.rows} × {grid.columns}" if grid.columns else grid.rows
-        console.print(rich_table(f"{metric_header(metric)}: {shape} ({over})", headers, shown))
-    if finished:
-        written += write_comparison(list(finished.values()), grid.out / "runs")[1]
-    return written
+def axis_labels(axes: dict[str, list[Entry]]) -> dict[str, list[str]]:
+    return {axis: [e.label for e in entries] for axis, entries in axes.items()}
 
 
 def parse(argv: list[str]):
@@ -343,7 +279,12 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
         return 130
-    for path in tabulate(grid, runs, console):
+    try:
+        written = tabulate(grid.out, grid.table, axis_labels(grid.axes), study_runs(grid, runs), console)
+    except StudyError as exc:
+        fail(PROG, str(exc))
+        return 2
+    for path in written:
         console.print(f"wrote {path}", highlight=False)
     if failed:
         fail(PROG, f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
