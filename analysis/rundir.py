@@ -267,6 +267,17 @@ def is_finished(path: Path) -> bool:
     return True
 
 
+def rounds_closed(path: Path) -> int:
+    """How many rounds a run in progress has closed: the last complete row of its metrics.jsonl, read from the end."""
+    try:
+        with open(Path(path) / "metrics.jsonl", "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 8192))
+            lines = fh.read().split(b"\n")[:-1]  # the part after the last newline may still be being written
+        return 1 + json.loads(lines[-1])["round"] if lines else 0
+    except (OSError, ValueError, KeyError, TypeError):  # not started, or a row cut by the 8 kB window
+        return 0
+
+
 def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 

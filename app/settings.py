@@ -121,7 +121,7 @@ HELP = {
                          "log2 n)), or a CSV file round,src,dst (undirected) or round,sender,receiver "
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
-    "workers": "thread executor: threads (0: one per CPU core)",
+    "workers": "thread executor: threads (0: one per CPU core, or $EMULATE_CORES; a parallel sweep sets it)",
     "executor": "where nodes' compute jobs run: thread (this process) or ray (Ray workers; pip install -e '.[ray]')",
     "ray_address": "ray: a running cluster, auto or HOST:PORT (unset: start a local Ray on this machine's cores)",
     "ray_workers": "ray: worker processes, each holding its nodes' models and data (0: as many as the cluster's "
@@ -517,10 +517,18 @@ def compute_model(config: RunConfig, num_nodes: int, seeds: Seeds) -> ComputeMod
                         slowdowns(config.compute_speed, num_nodes, seeds.numpy("compute.speed")))
 
 
+CORES_VARIABLE = "EMULATE_CORES"  # the cores a run may use; a parallel sweep gives each run its share
+
+
+def cores() -> int:
+    """The cores this run may use: $EMULATE_CORES, else every core of the machine."""
+    return int(os.environ.get(CORES_VARIABLE) or 0) or os.cpu_count() or 1
+
+
 def workers(config: RunConfig) -> int:
     if config.device == "cuda":
         return 1  # one GPU worker: jobs queue on the device instead of contending for it
-    return config.workers or os.cpu_count() or 1
+    return config.workers or cores()
 
 
 def max_message_bytes(config: RunConfig) -> int:

@@ -28,28 +28,34 @@ the per-run comparison of `emulate report`.
 """
 from __future__ import annotations
 
+import csv
 import itertools
 import re
 import shlex
-from dataclasses import dataclass
+import signal
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from analysis.output import ArgumentsError, Parser, fail, stdout_console
 from analysis.rundir import RunDirError, is_finished, load_run, read_summary
 from analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from emulator.errors import UsageError
 from emulator.protocol import protocols
+from emulator import units
 from emulator.units import UnitError
 
 from . import cli
 from . import settings as cfg
+from .live import StudyView
+from .runners import INTERRUPTED, InProcess, Job, Outcome, RayTasks, Resources, WorkerProcesses
 
 PROG = "emulate sweep"
-SECTIONS = {"base", "grid", "out", "table"}
+SECTIONS = {"base", "grid", "out", "table", "jobs", "executor", "resources"}
+EXECUTORS = ("local", "ray")
 SET_BY_SWEEP = {"out", "quiet", "config"}
 
 
@@ -70,6 +76,9 @@ class Grid:
     axes: dict[str, list[Entry]]
     out: Path
     table: TableSpec
+    jobs: int | str | None  # runs at once (auto: cores / CPUs per run); None: not set in the file
+    executor: str
+    resources: Resources
 
 
 @dataclass
@@ -162,7 +171,35 @@ def load_grid(path: Path) -> Grid:
         table = parse_table(data.get("table") or {}, axis_labels(axes), where)
     except StudyError as exc:
         raise GridError(str(exc)) from None
-    return Grid(base, axes, Path(out), table)
+    executor = data.get("executor", "local")
+    if executor not in EXECUTORS:
+        raise GridError(f"{where}: executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+    jobs = data.get("jobs")
+    return Grid(base, axes, Path(out), table, None if jobs is None else _jobs(jobs, f"{where}: jobs"), executor,
+                _resources(data.get("resources") or {}, f"{where}: resources"))
+
+
+def _jobs(value, where: str) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise GridError(f"{where}: expected a whole number of runs at once (at least 1) or auto, got {value!r}")
+
+
+def _resources(spec, where: str) -> Resources:
+    """cpus, gpus and memory of one run (memory as a size: 4GB)."""
+    if not isinstance(spec, dict) or set(spec) - {"cpus", "gpus", "memory"}:
+        raise GridError(f"{where}: expected a mapping of cpus, gpus and memory")
+    cpus, gpus = spec.get("cpus"), spec.get("gpus", 0)
+    for name, value, least in (("cpus", cpus, 0.01), ("gpus", gpus, 0)):
+        if value is None and name == "cpus":
+            continue  # not set: the cores shared out over the jobs (Ray: 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not least <= value <= 1024:
+            raise GridError(f"{where}: {name}: expected a number within {least}..1024, got {value!r}")
+    try:
+        memory = units.size(spec["memory"]) if spec.get("memory") is not None else 0
+    except UnitError as exc:
+        raise GridError(f"{where}: memory: {exc}") from None
+    return Resources(None if cpus is None else float(cpus), float(gpus), memory)
 
 
 def points(grid: Grid) -> list[Point]:
@@ -180,14 +217,18 @@ def points(grid: Grid) -> list[Point]:
     return runs
 
 
-def check_settings(grid: Grid, runs: list[Point]) -> None:
-    """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after."""
+def check_settings(grid: Grid, runs: list[Point]) -> dict[str, int]:
+    """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after;
+    the rounds of each run."""
     registry = protocols()
+    rounds = {}
     for point in runs:
         try:
-            cli.resolve(point.argv(grid.out / point.name), registry)
+            config, _ = cli.resolve(point.argv(grid.out / point.name), registry)
         except (UsageError, UnitError) as exc:
             raise GridError(f"run {point.name}: {exc}") from None
+        rounds[point.name] = config.rounds
+    return rounds
 
 
 def run_emulation(argv: list[str]) -> int:
@@ -215,31 +256,42 @@ def run_once(out: Path, argv: list[str]) -> dict:
     return load_run(out).summary
 
 
-def run_all(grid: Grid, runs: list[Point], console: Console) -> list[str]:
-    """Run every point whose directory holds no finished run of its settings; the names of those that failed."""
+def run_all(grid: Grid, runs: list[Point], rounds: dict[str, int], runner, console: Console) -> list[Outcome]:
+    """Run every point whose directory holds no finished run of its settings, up to runner.slots at once;
+    the outcomes of those that failed."""
     todo = [p for p in runs if not is_current(grid.out / p.name, flags(p.settings))]
     for point in todo:
         if is_finished(grid.out / point.name):
             console.print(f"[yellow]rerun {point.name}: its settings changed since it ran", highlight=False)
-    failed = []
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[run]}"), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("sweep", total=len(runs), completed=len(runs) - len(todo), run="")
-        for point in todo:
-            progress.update(task, run=point.name)
-            try:
-                status = run_emulation(point.argv(grid.out / point.name))
-            except Exception as exc:  # noqa: BLE001 - one crashed run must not lose the rest of the sweep
-                status = f"{type(exc).__name__}: {exc}"
-            if status in (130, 143):  # Ctrl-C or SIGTERM ended the run: end the sweep too
-                raise KeyboardInterrupt
-            if status != 0:
-                failed.append(point.name)
-                why = f"exit status {status}" if isinstance(status, int) else status
-                progress.console.print(f"[red]run {point.name} failed: {why}", highlight=False)
-            progress.advance(task)
-    return failed
+    queue = [Job(p.name, p.argv(grid.out / p.name), grid.out / p.name, rounds[p.name]) for p in todo]
+    view = StudyView(console, len(runs), len(runs) - len(todo), runner.slots, runner.rounds)
+    view.queued = len(queue)
+    try:
+        with view:
+            while queue or view.running:
+                while queue and len(view.running) < runner.slots:
+                    job = queue.pop(0)
+                    job.started = time.monotonic()
+                    runner.start(job)
+                    view.started(job)
+                for outcome in runner.finished(timeout=1.0):
+                    if outcome.status in INTERRUPTED:  # Ctrl-C or SIGTERM ended a run: end the sweep too
+                        raise KeyboardInterrupt
+                    view.finished(outcome)
+    finally:
+        runner.close()
+    return view.failed
+
+
+def write_failures(out: Path, failed: list[Outcome]) -> None:
+    """OUT/failed.csv: each failed run's exit status and error line (none: no file)."""
+    path = out / "failed.csv"
+    path.unlink(missing_ok=True)
+    if failed:
+        with open(path, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["run", "exit_status", "error"])
+            writer.writerows((o.name, o.status, o.error) for o in failed)
 
 
 def study_runs(grid: Grid, runs: list[Point]) -> list[StudyRun]:
@@ -254,15 +306,48 @@ def parse(argv: list[str]):
     parser = Parser(prog=PROG, description="Run the cross product of a grid of settings, then tabulate.")
     parser.add_argument("--grid", required=True, help="YAML grid file (see app/sweep.py)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; run nothing")
+    parser.add_argument("--jobs", help="runs at once, each in a process of its own (auto: cores / CPUs per run; "
+                                       "default: the grid's jobs, else 1)")
+    parser.add_argument("--executor", choices=EXECUTORS, help="local (default) or ray: each run a Ray task")
+    parser.add_argument("--ray-address", default="", help="ray: a running cluster, auto or HOST:PORT "
+                                                          "(unset: a local Ray on this machine's loopback address)")
+    parser.add_argument("--cpus-per-run", type=float, help="CPUs each run uses (default: the grid's resources, "
+                                                           "else the cores shared out over --jobs)")
+    parser.add_argument("--gpus-per-run", type=float, help="ray: GPUs each run reserves")
+    parser.add_argument("--memory-per-run", help="ray: memory each run reserves (4GB)")
+    parser.add_argument("--target", type=float, help="the time-to-target table's target (overrides the grid's)")
     return parser.parse_args(argv)
+
+
+def with_flags(grid: Grid, args) -> Grid:
+    """The grid's execution settings, overridden by the command's flags."""
+    given = {k: v for k, v in (("cpus", args.cpus_per_run), ("gpus", args.gpus_per_run),
+                               ("memory", args.memory_per_run)) if v is not None}
+    parsed = _resources(given, "--cpus/gpus/memory-per-run")
+    resources = replace(grid.resources, **{k: getattr(parsed, k) for k in given})
+    jobs = grid.jobs if args.jobs is None else _jobs(int(args.jobs) if args.jobs.isdigit() else args.jobs, "--jobs")
+    table = grid.table if args.target is None else replace(grid.table, target=args.target)
+    return replace(grid, jobs=jobs, executor=args.executor or grid.executor, resources=resources, table=table)
+
+
+def make_runner(grid: Grid, address: str):
+    """Where the runs go: Ray tasks, worker processes, or (one at a time) this process."""
+    if grid.executor == "ray":
+        return RayTasks(address, grid.resources, 0 if grid.jobs in (None, "auto") else grid.jobs)
+    cores, cpus = cfg.cores(), grid.resources.cpus
+    jobs = max(1, int(cores // (cpus or 1))) if grid.jobs == "auto" else grid.jobs or 1
+    per_run = max(1, int(cpus)) if cpus else max(1, cores // jobs)
+    return InProcess() if jobs == 1 else WorkerProcesses(jobs, per_run)
 
 
 def main(argv: list[str]) -> int:
     try:
         args = parse(argv)
-        grid = load_grid(Path(args.grid))
+        grid = with_flags(load_grid(Path(args.grid)), args)
         runs = points(grid)
-        check_settings(grid, runs)
+        rounds = check_settings(grid, runs)
+        if grid.executor != "ray" and (args.ray_address or args.gpus_per_run or args.memory_per_run):
+            raise GridError("--ray-address, --gpus-per-run and --memory-per-run apply to --executor ray only")
     except (UsageError, ArgumentsError, GridError) as exc:
         fail(PROG, str(exc))
         return 2
@@ -274,11 +359,18 @@ def main(argv: list[str]) -> int:
         return 0
     grid.out.mkdir(parents=True, exist_ok=True)
     (grid.out / "grid.yaml").write_text(Path(args.grid).read_text())
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        failed = run_all(grid, runs, Console(stderr=True))
-    except KeyboardInterrupt:
+        failed = run_all(grid, runs, rounds, make_runner(grid, args.ray_address), Console(stderr=True))
+    except KeyboardInterrupt as exc:
         fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
-        return 130
+        return 143 if isinstance(exc, Terminated) else 130
+    except UsageError as exc:  # Ray could not start or be reached
+        fail(PROG, str(exc))
+        return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_failures(grid.out, failed)
     try:
         written = tabulate(grid.out, grid.table, axis_labels(grid.axes), study_runs(grid, runs), console)
     except StudyError as exc:
@@ -287,6 +379,15 @@ def main(argv: list[str]) -> int:
     for path in written:
         console.print(f"wrote {path}", highlight=False)
     if failed:
-        fail(PROG, f"{len(failed)} of {len(runs)} runs failed: {', '.join(failed)}")
+        fail(PROG, f"{len(failed)} of {len(runs)} runs failed (see {grid.out / 'failed.csv'}): "
+                   f"{', '.join(o.name for o in failed)}")
         return 1
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: the sweep ends its runs as Ctrl-C does."""
+
+
+def _terminate(signum, frame):
+    raise Terminated

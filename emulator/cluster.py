@@ -76,16 +76,16 @@ class RayExecutor:
     kind = "ray"
 
     def __init__(self, *, nodes: int, address: str, workers: int, cpus_per_worker: float, gpus_per_worker: float):
-        ray = _import_ray()
+        ray = import_ray()
         if address not in ("", "auto"):
-            _reachable(address)  # ray.init itself retries an unreachable address for minutes
+            _reachable(address)  # also when this process runs a Ray already: the address must not be a typo
         self.started = not ray.is_initialized()
         self.workers: list = []
         self._shared: dict[int, Any] = {}  # id(value) -> its object-store copy, while the value lives
         self._lock = threading.Lock()
         self.bytes_kept = self.bytes_to_workers = self.bytes_from_workers = self.jobs = 0
         if self.started:
-            _connect(ray, address)
+            connect(ray, address)
         try:
             count = _worker_count(ray.cluster_resources(), nodes, workers, cpus_per_worker, gpus_per_worker)
             actor = ray.remote(concurrency_groups={QUICK: 1})(NodeWorker).options(
@@ -95,7 +95,7 @@ class RayExecutor:
         except BaseException as exc:
             self.close()
             if isinstance(exc, (ray.exceptions.RayError, TimeoutError)):
-                raise UsageError(f"--executor ray: the workers did not start: {_first_line(exc)}") from None
+                raise UsageError(f"--executor ray: the workers did not start: {first_line(exc)}") from None
             raise
 
     def worker_of(self, node: int) -> int:
@@ -149,7 +149,7 @@ class RayExecutor:
             done.set_exception(exc.as_instanceof_cause())
         except ray.exceptions.RayError as exc:  # the worker, or an object it held, is gone
             done.set_exception(WorkerLost(f"node {node}'s Ray worker {index} (pid {self.usage[index]['pid']}) "
-                                          f"died: {_first_line(exc)}"))
+                                          f"died: {first_line(exc)}"))
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting node
             done.set_exception(exc)
         else:
@@ -198,7 +198,7 @@ def _worker_count(available: dict, nodes: int, workers: int, cpus: float, gpus: 
     return count
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -208,7 +208,7 @@ _KEEP_WAIT = 600.0  # seconds a job waits for a keep sent before it
 _SHARE_ABOVE = 1 << 20  # bytes: a value this large is put in the object store once, however many nodes keep it
 
 
-def _import_ray():
+def import_ray():
     try:
         import ray
     except ImportError:
@@ -216,18 +216,34 @@ def _import_ray():
     return ray
 
 
-def _connect(ray, address: str) -> None:
-    """Join the cluster at `address`, or start a local one on this machine's cores; UsageError if it fails."""
+def _start_on_loopback(ray) -> None:
+    """A local Ray whose every server listens on 127.0.0.1 only. Ray has no public switch for it: it takes
+    127.0.0.1 only where it runs without clusters (macOS, Windows), so say so while it starts."""
+    from ray._private import ray_constants
+
+    clusters = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", num_cpus=os.cpu_count(), logging_level="ERROR", log_to_driver=False,
+                 include_dashboard=False)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = clusters
+
+
+def connect(ray, address: str) -> None:
+    """Join the cluster at `address`, or start a local one on this machine's cores that listens on the loopback
+    address only (Ray has no authentication); UsageError if it fails."""
+    if address not in ("", "auto"):
+        _reachable(address)  # ray.init itself retries an unreachable address for minutes
     in_main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if in_main_thread else None
     try:
         if address:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         else:  # "local": never a cluster that RAY_ADDRESS or a `ray start` on this machine points at
-            ray.init(address="local", num_cpus=os.cpu_count(), logging_level="ERROR", log_to_driver=False,
-                     include_dashboard=False)
+            _start_on_loopback(ray)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise UsageError(f"--ray-address {address or '(local)'}: cannot start or reach Ray: {_first_line(exc)}") \
+        raise UsageError(f"--ray-address {address or '(local)'}: cannot start or reach Ray: {first_line(exc)}") \
             from None
     finally:
         if in_main_thread:  # ray.init installs its own SIGTERM handler; ours ends a run in one line

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app import sweep
+from app import runners, sweep
 from analysis.plots import plot_run, snapshot_rounds
 from app.cli import main
 
@@ -158,7 +158,8 @@ def test_a_sweep_reruns_the_runs_whose_settings_changed_and_says_so(tmp_path, mo
     grid_file.write_text(yaml.safe_dump({**GRID, "out": str(tmp_path / "sweep")}))
     assert main(["sweep", "--grid", str(grid_file)]) == 0
     calls = []
-    monkeypatch.setattr(sweep, "run_emulation", lambda argv: calls.append(argv) or main(argv))
+    run_job = runners.run_job
+    monkeypatch.setattr(runners, "run_job", lambda argv: calls.append(argv) or run_job(argv))
     assert main(["sweep", "--grid", str(grid_file)]) == 0 and calls == []  # all current: nothing reruns
     grid_file.write_text(yaml.safe_dump({**GRID, "base": {**GRID["base"], **change}, "out": str(tmp_path / "sweep")}))
     capsys.readouterr()
@@ -175,12 +176,8 @@ def test_sweep_runs_what_is_not_finished_and_tabulates_over_seeds(tmp_path, monk
     assert main([*GOSSIP, "--mixing", "mh", "--seed", "1", "--out", str(done)]) == 0
     finished_at = (done / "summary.json").stat().st_mtime_ns
     calls = []
-
-    def counting(argv):
-        calls.append(argv)
-        return main(argv)
-
-    monkeypatch.setattr(sweep, "run_emulation", counting)
+    run_job = runners.run_job
+    monkeypatch.setattr(runners, "run_job", lambda argv: calls.append(argv) or run_job(argv))
     assert main(["sweep", "--grid", str(grid_file)]) == 0
     assert len(calls) == 3
     assert (done / "summary.json").stat().st_mtime_ns == finished_at
@@ -220,6 +217,12 @@ BAD_GRIDS = [
     ("base: {protocol: gossip}\ngrid: {seed: [0]}\ntable: {rows: method}\n", "method"),
     ("base: {protocol: gossip, out: x}\ngrid: {seed: [0]}\n", "out"),
     ("grid: {seed: [0]}\nextra: 1\n", "extra"),
+    ("grid: {seed: [0]}\njobs: 0\n", "jobs"),
+    ("grid: {seed: [0]}\njobs: many\n", "jobs"),
+    ("grid: {seed: [0]}\nexecutor: dask\n", "executor"),
+    ("grid: {seed: [0]}\nresources: {cpus: 0}\n", "cpus"),
+    ("grid: {seed: [0]}\nresources: {memory: lots}\n", "memory"),
+    ("grid: {seed: [0]}\nresources: {disks: 2}\n", "resources"),
 ]
 
 
