@@ -38,6 +38,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
 from .rundir import Curves, Run, RunDirError, higher_is_better, load_run
@@ -477,3 +478,85 @@ def overlay_figures(runs: list[Run]) -> Figures:
 
 def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
     return [_save(fig, out / name) for name, fig in overlay_figures(runs)]
+
+
+# -- a study's figures (emulate sweep: analysis/study.py) ----------------------------------------------
+
+
+def over_runs(curves: list[Curves]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rounds, and per round the mean and the sample std over runs of each run's mean over nodes (0: one run)."""
+    rounds = np.unique(np.concatenate([c.rounds for c in curves]))
+    means = np.full((len(curves), len(rounds)), np.nan)
+    for i, c in enumerate(curves):
+        means[i, np.searchsorted(rounds, c.rounds)] = c.mean
+    values = np.ma.masked_invalid(means)
+    return rounds, values.mean(axis=0).filled(np.nan), values.std(axis=0, ddof=1).filled(0.0)
+
+
+def pareto_front(cost: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Indices of the points that no other point beats with at most their cost and a higher value, by cost."""
+    order = np.lexsort((-value, cost))  # by cost; at one cost, the best value first
+    best = np.maximum.accumulate(value[order])
+    return order[np.r_[True, best[1:] > best[:-1]]]
+
+
+def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colours: dict[str, str]) -> Figure:
+    width = min(len(panels), 4)
+    height = math.ceil(len(panels) / width)
+    fig = _figure(3.4 * width + 2.0, 2.8 * height + 0.6)
+    axes = fig.subplots(height, width, squeeze=False, sharey=True).ravel()
+    for ax, (column, rows) in zip(axes, panels.items()):
+        for row, curves in rows.items():
+            rounds, mean, std = over_runs(curves)
+            ax.plot(rounds, mean, color=colours[row], marker="o" if len(rounds) < 3 else None)
+            ax.fill_between(rounds, mean - std, mean + std, color=colours[row], alpha=0.2, linewidth=0)
+        _label_axes(ax, "round", metric)
+        ax.set_title(column, fontsize=9)
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    drawn = [row for row in colours if any(row in rows for rows in panels.values())]
+    fig.legend([Line2D([], [], color=colours[row]) for row in drawn], drawn, loc="outside right upper", fontsize=8)
+    fig.suptitle(f"{metric}: mean over nodes by round; mean ± std over each cell's runs", fontsize=10)
+    return fig
+
+
+def _frontier(metric: str, finals: dict[str, list[tuple[float, float]]], colours: dict[str, str]) -> Figure:
+    fig = _figure(7.0, 4.4)
+    ax = fig.add_subplot()
+    for row, points in finals.items():
+        cost, value = np.array(points).T
+        ax.scatter(cost, value, color=colours[row], s=18, label=row)
+    cost, value = np.array([p for points in finals.values() for p in points]).T
+    usable = np.flatnonzero(np.isfinite(cost) & np.isfinite(value))
+    sign = 1 if higher_is_better(metric) else -1
+    front = usable[pareto_front(cost[usable], sign * value[usable])]
+    ax.plot(cost[front], value[front], drawstyle="steps-post", color="black", linewidth=1, label="Pareto front")
+    paid = cost[usable][cost[usable] > 0]
+    if paid.size and paid.max() > 20 * paid.min():  # runs far apart in bytes: linear would squash the cheap ones
+        if paid.size < usable.size:  # a run that sent nothing stays on the axis
+            ax.set_xscale("symlog", linthresh=paid.min())
+        else:
+            ax.set_xscale("log")
+    _label_axes(ax, "bytes", f"final {metric}")
+    ax.set_title(f"final {metric} against bytes sent: a point per run", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def study_plots(folder: Path, rows: list[str], panels: dict[str, dict[str, dict[str, list[Curves]]]],
+                finals: dict[str, dict[str, list[tuple[float, float]]]]) -> list[Path]:
+    """Per metric (the runs' main one): `<metric>_by_round.png`, a panel per column of the table (metric -> column ->
+    row -> the runs' curves) with a line per row, and `<metric>_frontier.png`, every run's final value against its
+    bytes (metric -> row -> points); a colour per row, in the order of `rows`. A plot that fails is skipped with a
+    warning: the tables are written."""
+    folder.mkdir(exist_ok=True)
+    colours = {row: f"C{k % 10}" for k, row in enumerate(rows)}
+    written = []
+    for metric in panels:
+        for name, draw in ((f"{metric}_by_round.png", lambda: _round_panels(metric, panels[metric], colours)),
+                           (f"{metric}_frontier.png", lambda: _frontier(metric, finals[metric], colours))):
+            try:
+                written.append(_save(draw(), folder / name))
+            except Exception as exc:  # noqa: BLE001 - a plot is a by-product of the study
+                warnings.warn(f"plot {name} skipped: {type(exc).__name__}: {exc}")
+    return written

@@ -1,33 +1,288 @@
-"""What a sweep shows: tables over the runs of a study, read from their run directories.
+"""What a sweep shows: tables and plots over the runs of a study, read from their run directories.
 
 A study is a list of runs, each a run directory and the label it has on every axis of the
 grid. `parse_table` checks the grid's `table:` section against the axes; `tabulate` writes
-rows x columns of each metric (mean ± std over the remaining axes) and the per-run
-comparison of `emulate report`.
+the tables, the time-to-target table and the plots into the sweep's folder, and the per-run
+comparison of `emulate report` (runs.md).
+
+The `table:` section (every key optional):
+
+    rows: method                 # an axis, or a list of axes (a row per combination); default: all but seed
+    columns: scenario            # an axis: per metric, table_<metric> of rows x columns. Absent: table.md with
+                                 # a column per metric (and table_<metric> with that one column)
+    metric: [test_acc, bytes_per_round]      # default test_acc
+    relative_to: {bytes_per_round: FedAvg}   # that metric over the FedAvg row's too, column by column
+    target: 0.9                  # time_to_target.md: emulated time and bytes until the mean over nodes of
+    target_metric: test_acc      #   target_metric (default test_acc) first reaches the target
+
+A cell is the mean ± std over the runs that share its row and column (the other axes,
+typically seed). A metric is a key of summary.json, its "final" entry first (test_acc:
+the mean over nodes at the last round) and then the top level (bytes_total,
+route_agreement, task_identification, ...), or a measure of MEASURES, some with arguments
+after colons (bytes_per_round:5-9, client_acc:0). plots/ gets, per metric the runs log
+as their main one, `<metric>_by_round.png` (a panel per column, a line per row: the
+mean over the cell's runs of the mean over nodes, with a ± std band over those runs) and
+`<metric>_frontier.png` (each run's final value against its total bytes, a colour per
+row, the Pareto front drawn).
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 from rich.console import Console
 
 from .output import mean_std, metric_header, rich_table, write_table
+from .plots import study_plots, utility_matrices
 from .report import write_comparison
-from .rundir import Run, RunDirError, is_finished, load_run
+from .rundir import Curves, Run, RunDirError, higher_is_better, is_finished, load_run
+
+TABLE_KEYS = ("rows", "columns", "metric", "relative_to", "target", "target_metric")
 
 
 class StudyError(Exception):
     """A bad `table:` section or an unreadable run (one line for the user)."""
 
 
+# -- measures: numbers a run directory gives beyond summary.json ------------------------------------
+
+
+def _per(total: float, count: float) -> float:
+    return total / count if count else math.nan
+
+
+def summary_value(run: Run, key: str) -> float:
+    """summary.json's final `key` (the last round's mean over nodes), else its top-level `key`; NaN if neither."""
+    value = run.summary["final"].get(key, run.summary.get(key))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _round_rows(run: Run, rnd: int | None) -> list[dict]:
+    """metrics.jsonl rows of round `rnd`; None: the last round."""
+    rnd = max(row["round"] for row in run.metrics) if rnd is None else rnd
+    return [row for row in run.metrics if row["round"] == rnd]
+
+
+def bytes_per_round(run: Run, rounds: range | None = None) -> float:
+    if rounds is None:
+        return _per(summary_value(run, "bytes_total"), summary_value(run, "rounds"))
+    return sum(row.get("bytes_sent", 0) for row in run.metrics if row["round"] in rounds) / len(rounds)
+
+
+def messages_per_round(run: Run) -> float:
+    return _per(summary_value(run, "messages_total"), summary_value(run, "rounds"))
+
+
+def bytes_per_node(run: Run) -> float:
+    return _per(summary_value(run, "bytes_total"), summary_value(run, "nodes"))
+
+
+def bytes_per_message(run: Run, rnd: int | None) -> float:
+    rows = _round_rows(run, rnd)
+    return _per(sum(row.get("bytes_sent", 0) for row in rows), sum(row.get("msgs_sent", 0) for row in rows))
+
+
+def _accuracies(run: Run) -> dict[int, float]:
+    """Node -> test accuracy at the last round, for the nodes that report one."""
+    return {row["node"]: row["test_acc"] for row in _round_rows(run, None) if "test_acc" in row}
+
+
+def honest_acc(run: Run) -> float:
+    adversaries = set(run.summary.get("adversaries", []))
+    honest = [acc for node, acc in _accuracies(run).items() if node not in adversaries]
+    return statistics.fmean(honest) if honest else math.nan
+
+
+def client_acc(run: Run, k: int) -> float:
+    scoring = sorted(_accuracies(run).items())  # a server scores nothing: client k is the k-th node that does
+    return scoring[k][1] if k < len(scoring) else math.nan
+
+
+def offline_share(run: Run) -> float:
+    end = run.emulated_seconds
+    down = sum(min(end, end if spell.get("t_up") is None else spell["t_up"]) - min(end, spell["t_down"])
+               for spell in run.stream("availability") or ())
+    return _per(down, run.num_nodes * end)
+
+
+def task_identified_round(run: Run, share: float) -> float:
+    """The first round in which `share` of the nodes weigh their same-task peers (partition clusters) above every
+    other neighbour (graph.jsonl)."""
+    clusters, rows = run.clusters, run.stream("graph")
+    if not clusters or not rows:
+        return math.nan
+    hits: dict[int, list[bool]] = {}
+    for row in rows:
+        node, weights = row["node"], {int(j): w for j, w in row["weights"].items()}
+        others = [j for j in weights if j != node]
+        peers = {j for j in others if clusters.get(j) == clusters[node]}
+        top = heapq.nlargest(len(peers), others, key=weights.get)
+        hits.setdefault(row["round"], []).append(set(top) == peers)
+    return next((float(rnd) for rnd, found in sorted(hits.items()) if statistics.fmean(found) >= share), math.nan)
+
+
+def _utility(run: Run, rnd: int | None) -> tuple[np.ndarray, list[int]] | None:
+    """FedLinked's A over the clients in round `rnd` (None: the last), A[j, k] = A_kj, clients in id order, and each
+    client's group (client p holds partition part p); None without utility.jsonl, clusters or that round."""
+    rows, clusters = run.stream("utility"), run.clusters
+    if not rows or not clusters:
+        return None
+    clients = sorted({int(row["client"]) for row in rows})
+    n = 1 + max([*clients, *(int(k) for row in rows for k in row["utility"])])
+    matrices = utility_matrices(rows, n)
+    rnd = max(matrices) if rnd is None else rnd
+    if rnd not in matrices:
+        return None
+    return matrices[rnd][np.ix_(clients, clients)], [clusters.get(p) for p in range(len(clients))]
+
+
+def related_pair_first(run: Run, rnd: int | None) -> float:
+    """1 if the pair of clients with the largest A_kj + A_jk is one group's, else 0."""
+    found = _utility(run, rnd)
+    if found is None:
+        return math.nan
+    a, group = found
+    j, k = max(itertools.combinations(range(len(group)), 2), key=lambda pair: a[pair] + a[pair[::-1]])
+    return float(group[j] == group[k])
+
+
+def group_mate_first(run: Run, rnd: int | None) -> float:
+    """The share of clients whose highest A_kj is a member of their own group."""
+    found = _utility(run, rnd)
+    if found is None:
+        return math.nan
+    a, group = found
+    heard = [j for j in range(len(group)) if np.isfinite(a[j]).any()]
+    return _per(sum(group[int(np.nanargmax(a[j]))] == group[j] for j in heard), len(heard))
+
+
+def _utility_mean(run: Run, rnd: int | None, within: bool) -> float:
+    found = _utility(run, rnd)
+    if found is None:
+        return math.nan
+    a, group = found
+    values = [a[j, k] for j, k in itertools.permutations(range(len(group)), 2)
+              if (group[j] == group[k]) == within and np.isfinite(a[j, k])]
+    return statistics.fmean(values) if values else math.nan
+
+
+def utility(run: Run, rnd: int | None, j: int, k: int) -> float:
+    found = _utility(run, rnd)
+    return float(found[0][j, k]) if found and max(j, k) < len(found[1]) and j != k else math.nan
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _round(text: str) -> int | None:
+    return None if text == "last" else _count(text)
+
+
+def _rounds(text: str) -> range:
+    first, last = (_count(part) for part in text.split("-"))  # ValueError unless two counts
+    if last < first:
+        raise ValueError(text)
+    return range(first, last + 1)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise ValueError(text)
+    return value
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A number per run, read from its directory; `usage` shows its arguments (after colons)."""
+    compute: Callable[..., float]
+    usage: str
+    arguments: tuple[Callable[[str], Any], ...] = ()
+    optional: int = 0      # how many of the last arguments may be left out
+    counted: bool = False  # 1 or 0 per run: a cell shows for how many of its runs it holds
+
+
+ROUND = "ROUND a round number or last"
+MEASURES = {
+    "bytes_per_round": Measure(bytes_per_round, "bytes_per_round or bytes_per_round:FIRST-LAST (rounds, inclusive)",
+                               (_rounds,), optional=1),
+    "messages_per_round": Measure(messages_per_round, "messages_per_round"),
+    "bytes_per_node": Measure(bytes_per_node, "bytes_per_node"),
+    "bytes_per_message": Measure(bytes_per_message, f"bytes_per_message:ROUND ({ROUND})", (_round,)),
+    "honest_acc": Measure(honest_acc, "honest_acc"),
+    "client_acc": Measure(client_acc, "client_acc:K (K from 0: the K-th node reporting test_acc)", (_count,)),
+    "offline_share": Measure(offline_share, "offline_share"),
+    "task_identified_round": Measure(task_identified_round, "task_identified_round:SHARE (0 < SHARE <= 1)",
+                                     (_share,)),
+    "related_pair_first": Measure(related_pair_first, f"related_pair_first:ROUND ({ROUND})", (_round,),
+                                  counted=True),
+    "group_mate_first": Measure(group_mate_first, f"group_mate_first:ROUND ({ROUND})", (_round,)),
+    "utility_within": Measure(lambda run, rnd: _utility_mean(run, rnd, True), f"utility_within:ROUND ({ROUND})",
+                              (_round,)),
+    "utility_across": Measure(lambda run, rnd: _utility_mean(run, rnd, False), f"utility_across:ROUND ({ROUND})",
+                              (_round,)),
+    "utility": Measure(utility, f"utility:ROUND:J:K (A_kj of clients J and K from 0; {ROUND})",
+                       (_round, _count, _count)),
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A table's metric as the grid names it: a summary.json key, or a measure with its arguments."""
+    name: str
+    measure: Measure | None = None
+    arguments: tuple = ()
+
+    def of(self, run: Run) -> float:
+        if self.measure is None:
+            return summary_value(run, self.name)
+        return float(self.measure.compute(run, *self.arguments))
+
+    @property
+    def counted(self) -> bool:
+        return self.measure is not None and self.measure.counted
+
+
+def parse_metric(text, where: str) -> Metric:
+    if not isinstance(text, str) or not text:
+        raise StudyError(f"{where}: table: metric must be a name or a list of names")
+    name, *given = text.split(":")
+    measure = MEASURES.get(name)
+    if measure is None:
+        if given:
+            raise StudyError(f"{where}: table: metric {text!r}: no measure {name!r} (measures: {', '.join(MEASURES)})")
+        return Metric(text)
+    if not len(measure.arguments) - measure.optional <= len(given) <= len(measure.arguments):
+        raise StudyError(f"{where}: table: metric {text!r}: expected {measure.usage}")
+    try:
+        arguments = tuple(parse(argument) for parse, argument in zip(measure.arguments, given))
+    except ValueError:
+        raise StudyError(f"{where}: table: metric {text!r}: expected {measure.usage}") from None
+    return Metric(text, measure, arguments)
+
+
+# -- the table: section ------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class TableSpec:
-    rows: str
+    rows: tuple[str, ...]
     columns: str | None
-    metrics: list[str]
+    metrics: tuple[Metric, ...]
+    relative_to: dict[str, str]  # metric name -> the row label it is divided by
+    target: float | None = None
+    target_metric: str = "test_acc"
 
 
 @dataclass(frozen=True)
@@ -37,75 +292,249 @@ class StudyRun:
     labels: dict[str, str]
 
 
+def _axes_named(value, role: str, axes: dict[str, list[str]], where: str) -> tuple[str, ...]:
+    names = value if isinstance(value, list) else [value]
+    for name in names:
+        if name not in axes:
+            raise StudyError(f"{where}: table: {role} {name!r} is not an axis of the grid ({', '.join(axes)})")
+    if not names or len(set(names)) < len(names):
+        raise StudyError(f"{where}: table: {role} must name an axis or a list of different axes")
+    return tuple(names)
+
+
+def _relative_to(value, rows: tuple[str, ...], axes: dict[str, list[str]], metrics: tuple[Metric, ...],
+                 where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise StudyError(f"{where}: table: relative_to: expected a mapping of metric to the label of a row")
+    if value and len(rows) > 1:
+        raise StudyError(f"{where}: table: relative_to needs rows to be one axis")
+    names = [m.name for m in metrics]
+    for metric, label in value.items():
+        if metric not in names:
+            raise StudyError(f"{where}: table: relative_to: {metric!r} is not one of the table's metrics "
+                             f"({', '.join(names)})")
+        if str(label) not in axes[rows[0]]:
+            raise StudyError(f"{where}: table: relative_to: {metric}: {label!r} is not a label of {rows[0]} "
+                             f"({', '.join(axes[rows[0]])})")
+    return {metric: str(label) for metric, label in value.items()}
+
+
+def _target(spec: dict, where: str) -> tuple[float | None, str]:
+    target, metric = spec.get("target"), spec.get("target_metric", "test_acc")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+        raise StudyError(f"{where}: table: target: expected a number, got {target!r}")
+    if not isinstance(metric, str) or not metric or ":" in metric:
+        raise StudyError(f"{where}: table: target_metric: expected the name of a metric in metrics.jsonl")
+    return (None if target is None else float(target)), metric
+
+
 def parse_table(spec, axes: dict[str, list[str]], where: str) -> TableSpec:
     """The `table:` section of a grid file, checked against the grid's axes (axis -> its labels, in order)."""
-    if not isinstance(spec, dict) or set(spec) - {"rows", "columns", "metric"}:
-        raise StudyError(f"{where}: table: expected a mapping of rows, columns and metric")
-    plain = [axis for axis in axes if axis != "seed"] or list(axes)
-    rows = spec.get("rows", plain[0])
-    columns = spec.get("columns", next((a for a in plain if a != rows), None))
-    for role, axis in (("rows", rows), ("columns", columns)):
-        if axis is not None and axis not in axes:
-            raise StudyError(f"{where}: table: {role} {axis!r} is not an axis of the grid ({', '.join(axes)})")
-    if rows == columns:
-        raise StudyError(f"{where}: table: rows and columns must be different axes")
+    if not isinstance(spec, dict) or set(spec) - set(TABLE_KEYS):
+        raise StudyError(f"{where}: table: expected a mapping of {', '.join(TABLE_KEYS)}")
+    rows = _axes_named(spec.get("rows", [a for a in axes if a != "seed"] or list(axes)), "rows", axes, where)
+    columns = spec.get("columns")
+    if columns is not None:
+        columns = _axes_named(columns, "columns", axes, where)
+        if len(columns) > 1:
+            raise StudyError(f"{where}: table: columns must name one axis")
+        columns = columns[0]
+        if columns in rows:
+            raise StudyError(f"{where}: table: rows and columns must be different axes")
     metric = spec.get("metric", "test_acc")
-    metrics = metric if isinstance(metric, list) else [metric]
-    if not metrics or not all(isinstance(m, str) and m for m in metrics):
+    metrics = tuple(parse_metric(m, where) for m in (metric if isinstance(metric, list) else [metric]))
+    if not metrics:
         raise StudyError(f"{where}: table: metric must be a name or a list of names")
-    return TableSpec(rows, columns, metrics)
+    relative_to = _relative_to(spec.get("relative_to", {}), rows, axes, metrics, where)
+    return TableSpec(rows, columns, metrics, relative_to, *_target(spec, where))
 
 
-def _value(run: Run, metric: str) -> float:
-    value = run.summary["final"].get(metric, run.summary.get(metric))
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+# -- tabulating ----------------------------------------------------------------------------------------
+
+Row = tuple[str, ...]  # a row's label on each of the rows axes
 
 
-def paper_table(spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun], finished: dict[Path, Run],
-                metric: str):
-    """rows x columns of `metric`: mean ± std over the runs of each cell; formatted and raw rows."""
-    column_labels = axes[spec.columns] if spec.columns else [metric_header(metric)]
-    cells: dict[tuple[str, str], list[float]] = {}
-    for study_run in runs:
-        run = finished.get(study_run.path)
-        value = math.nan if run is None else _value(run, metric)
-        if not math.isnan(value):
-            column = study_run.labels[spec.columns] if spec.columns else column_labels[0]
-            cells.setdefault((study_run.labels[spec.rows], column), []).append(value)
+def time_to_target(run: Run, metric: str, target: float) -> tuple[float, float] | None:
+    """Emulated time and bytes sent (all nodes) at the end of the first round whose mean over nodes of `metric`
+    reaches `target` (at least, or at most for a loss or error); None if no round does."""
+    curves = run.curves(metric)
+    if curves is None:
+        return None
+    reached = curves.mean >= target if higher_is_better(metric) else curves.mean <= target
+    if not reached.any():
+        return None
+    first = int(np.argmax(reached))
+    return float(curves.round_end[first]), float(curves.cumulative_bytes[first])
+
+
+class Study:
+    """The finished runs in the table's cells, (row, column label; None without columns), and every metric's
+    values there (NaN left out)."""
+
+    def __init__(self, spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun]):
+        self.spec = spec
+        self.rows: list[Row] = list(itertools.product(*(axes[axis] for axis in spec.rows)))
+        self.columns: list[str | None] = list(axes[spec.columns]) if spec.columns else [None]
+        self.cells: dict[tuple[Row, str | None], list[Run]] = {}
+        self.finished: list[Run] = []  # in the grid's order
+        for study_run in runs:
+            if is_finished(study_run.path):
+                self.finished.append(_load(study_run.path))
+                key = (tuple(study_run.labels[axis] for axis in spec.rows),
+                       study_run.labels[spec.columns] if spec.columns else None)
+                self.cells.setdefault(key, []).append(self.finished[-1])
+        self.values = {metric.name: self._values(metric) for metric in spec.metrics}
+
+    def _values(self, metric: Metric) -> dict[tuple[Row, str | None], list[float]]:
+        try:
+            return {key: [v for v in map(metric.of, runs) if not math.isnan(v)] for key, runs in self.cells.items()}
+        except RunDirError as exc:
+            raise StudyError(str(exc)) from None
+
+    def of(self, metric: Metric, row: Row, column: str | None) -> list[float]:
+        return self.values[metric.name].get((row, column), [])
+
+
+def _load(path: Path) -> Run:
+    try:
+        return load_run(path)
+    except RunDirError as exc:
+        raise StudyError(str(exc)) from None
+
+
+def _mean(values: list[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def _std(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a table: its header, its CSV columns, and each row's cell, shown and raw."""
+    header: str
+    csv: tuple[str, ...]
+    cell: Callable[[Row], tuple[str, list]]
+
+
+def metric_column(study: Study, metric: Metric, column: str | None, header: str, name: str) -> Column:
+    def cell(row: Row) -> tuple[str, list]:
+        values = study.of(metric, row, column)
+        mean, std = _mean(values), _std(values)
+        if metric.counted and values:
+            shown = f"{sum(values):g}/{len(values)}"
+        else:
+            shown = mean_std(metric.name, mean, std)
+        return shown, [mean, math.nan if std is None else std, len(values)]
+    return Column(header, (f"{name} mean", f"{name} std", f"{name} runs"), cell)
+
+
+def ratio_column(study: Study, metric: Metric, reference: str, column: str | None, header: str) -> Column:
+    """The cell's mean over the reference row's, in the same column."""
+    def cell(row: Row) -> tuple[str, list]:
+        ratio = _per(_mean(study.of(metric, row, column)), _mean(study.of(metric, (reference,), column)))
+        return ("—" if math.isnan(ratio) else f"{ratio:.3g}"), [ratio]
+    return Column(header, (header,), cell)
+
+
+def target_columns(study: Study, column: str | None) -> list[Column]:
+    spec = study.spec
+    reached = {row: [time_to_target(run, spec.target_metric, spec.target)
+                     for run in study.cells.get((row, column), [])] for row in study.rows}
+
+    def spread(row: Row, part: int, unit: str) -> tuple[str, list]:
+        values = [hit[part] for hit in reached[row] if hit is not None]
+        mean, std = _mean(values), _std(values)
+        shown = mean_std(unit, mean, std) if values else ("not reached" if reached[row] else "—")
+        return shown, [mean, math.nan if std is None else std]
+
+    def count(row: Row) -> tuple[str, list]:
+        hits = sum(hit is not None for hit in reached[row])
+        return f"{hits}/{len(reached[row])}", [hits, len(reached[row])]
+
+    prefix = f"{column}: " if column is not None else ""
+    return [Column(f"{prefix}emulated s", (f"{prefix}seconds mean", f"{prefix}seconds std"),
+                   lambda row: spread(row, 0, "seconds")),
+            Column(f"{prefix}bytes", (f"{prefix}bytes mean", f"{prefix}bytes std"), lambda row: spread(row, 1, "bytes")),
+            Column(f"{prefix}reached", (f"{prefix}reached", f"{prefix}runs"), count)]
+
+
+def write_study_table(stem: Path, study: Study, columns: list[Column]) -> tuple[list[str], list[list[str]], list[Path]]:
+    """stem.md and stem.csv: a row per row of the study, its labels then `columns`; the headers, shown rows, files."""
+    headers = [*study.spec.rows, *(c.header for c in columns)]
+    csv_headers = [*study.spec.rows, *(name for c in columns for name in c.csv)]
     shown, raw = [], []
-    for row in axes[spec.rows]:
-        shown_row, raw_row = [row], [row]
-        for column in column_labels:
-            values = cells.get((row, column), [])
-            mean = statistics.fmean(values) if values else math.nan
-            std = statistics.stdev(values) if len(values) > 1 else None
-            shown_row.append(mean_std(metric, mean, std))
-            raw_row += [mean, math.nan if std is None else std, len(values)]
-        shown.append(shown_row)
-        raw.append(raw_row)
-    headers = [spec.rows, *column_labels]
-    csv_headers = [spec.rows, *(f"{c} {part}" for c in column_labels for part in ("mean", "std", "runs"))]
-    return headers, shown, csv_headers, raw
+    for row in study.rows:
+        cells = [c.cell(row) for c in columns]
+        shown.append([*row, *(text for text, _ in cells)])
+        raw.append([*row, *(value for _, values in cells for value in values)])
+    return headers, shown, write_table(stem, headers, shown, csv_headers, raw)
+
+
+def _file_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", text).strip("-")
+
+
+def _tables(study: Study) -> list[tuple[str, str, list[Column], bool]]:
+    """Every table of the study: (file stem, title, columns, whether the console shows it)."""
+    spec = study.spec
+    shape = " × ".join([*spec.rows, *([spec.columns] if spec.columns else [])])
+    by_name = {metric.name: metric for metric in spec.metrics}
+    tables = []
+    if spec.columns:
+        for metric in spec.metrics:
+            tables.append((f"table_{_file_name(metric.name)}", f"{metric_header(metric.name)}: {shape}",
+                           [metric_column(study, metric, c, c, c) for c in study.columns], True))
+        for name, reference in spec.relative_to.items():
+            tables.append((f"table_{_file_name(name)}_over_{_file_name(reference)}", f"{name} / {reference}: {shape}",
+                           [ratio_column(study, by_name[name], reference, c, c) for c in study.columns], True))
+    else:
+        side_by_side = [metric_column(study, m, None, metric_header(m.name), m.name) for m in spec.metrics]
+        # each metric alone too, in the file it has with columns
+        tables += [(f"table_{_file_name(m.name)}", m.name, [c], False) for m, c in zip(spec.metrics, side_by_side)]
+        side_by_side += [ratio_column(study, by_name[name], reference, None, f"{name} / {reference}")
+                         for name, reference in spec.relative_to.items()]
+        tables.append(("table", f"{shape}: a column per metric", side_by_side, True))
+    if spec.target is not None:
+        reaches = "≥" if higher_is_better(spec.target_metric) else "≤"
+        tables.append(("time_to_target", f"time to mean {spec.target_metric} {reaches} {spec.target:g}: {shape}",
+                       [c for column in study.columns for c in target_columns(study, column)], True))
+    return tables
+
+
+def _plots(folder: Path, study: Study) -> list[Path]:
+    """Per main metric of the runs: each cell's curve by round, and each run's final value against its bytes."""
+    panels: dict[str, dict[str, dict[str, list[Curves]]]] = {}  # metric -> column -> row -> its runs' curves
+    finals: dict[str, dict[str, list[tuple[float, float]]]] = {}  # metric -> row -> (bytes, final value) per run
+    for column in study.columns:
+        for row in study.rows:
+            name = ", ".join(row)
+            for run in study.cells.get((row, column), []):
+                curves = run.curves()
+                if curves is not None:
+                    panels.setdefault(curves.metric, {}).setdefault(column or "", {}).setdefault(name, []).append(curves)
+                    finals.setdefault(curves.metric, {}).setdefault(name, []).append((run.total_bytes,
+                                                                                     curves.final()[0]))
+    return study_plots(folder, [", ".join(row) for row in study.rows], panels, finals)
 
 
 def tabulate(out: Path, spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun],
              console: Console) -> list[Path]:
-    """Every table of the study into `out`, shown on `console`; the files written."""
-    finished = {}
-    for study_run in runs:
-        if is_finished(study_run.path):
-            try:
-                finished[study_run.path] = load_run(study_run.path)
-            except RunDirError as exc:
-                raise StudyError(str(exc)) from None
-    written = []
-    spread = [axis for axis in axes if axis not in (spec.rows, spec.columns)]
+    """Every table and plot of the study into `out`, the tables shown on `console`; the files written."""
+    study = Study(spec, axes, runs)
     for metric in spec.metrics:
-        headers, shown, csv_headers, raw = paper_table(spec, axes, runs, finished, metric)
-        written += write_table(out / f"table_{metric}", headers, shown, csv_headers, raw)
-        over = f"mean ± std over {', '.join(spread)}" if spread else "one run per cell"
-        shape = f"{spec.rows} × {spec.columns}" if spec.columns else spec.rows
-        console.print(rich_table(f"{metric_header(metric)}: {shape} ({over})", headers, shown))
-    if finished:
-        written += write_comparison(list(finished.values()), out / "runs")[1]
+        if metric.measure is None and study.cells and not any(study.values[metric.name].values()):
+            console.print(f"[yellow]no finished run has {metric.name!r} in its summary.json", highlight=False)
+    spread = [axis for axis in axes if axis not in spec.rows and axis != spec.columns]
+    over = f"mean ± std over {', '.join(spread)}" if spread else "one run per cell"
+    written = []
+    for stem, title, columns, shown_here in _tables(study):
+        headers, shown, files = write_study_table(out / stem, study, columns)
+        written += files
+        if shown_here:
+            console.print(rich_table(f"{title} ({over})", headers, shown, right_from=len(spec.rows)))
+    if study.finished:
+        written += write_comparison(study.finished, out / "runs")[1]
+        written += _plots(out / "plots", study)
     return written
