@@ -456,7 +456,8 @@ def target_columns(study: Study, column: str | None) -> list[Column]:
     prefix = f"{column}: " if column is not None else ""
     return [Column(f"{prefix}emulated s", (f"{prefix}seconds mean", f"{prefix}seconds std"),
                    lambda row: spread(row, 0, "seconds")),
-            Column(f"{prefix}bytes", (f"{prefix}bytes mean", f"{prefix}bytes std"), lambda row: spread(row, 1, "bytes")),
+            Column(f"{prefix}bytes", (f"{prefix}bytes mean", f"{prefix}bytes std"),
+                   lambda row: spread(row, 1, "bytes")),
             Column(f"{prefix}reached", (f"{prefix}reached", f"{prefix}runs"), count)]
 
 
@@ -512,10 +513,10 @@ def _plots(folder: Path, study: Study) -> list[Path]:
             name = ", ".join(row)
             for run in study.cells.get((row, column), []):
                 curves = run.curves()
-                if curves is not None:
-                    panels.setdefault(curves.metric, {}).setdefault(column or "", {}).setdefault(name, []).append(curves)
-                    finals.setdefault(curves.metric, {}).setdefault(name, []).append((run.total_bytes,
-                                                                                     curves.final()[0]))
+                if curves is None:
+                    continue
+                panels.setdefault(curves.metric, {}).setdefault(column or "", {}).setdefault(name, []).append(curves)
+                finals.setdefault(curves.metric, {}).setdefault(name, []).append((run.total_bytes, curves.final()[0]))
     return study_plots(folder, [", ".join(row) for row in study.rows], panels, finals)
 
 

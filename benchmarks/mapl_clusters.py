@@ -7,7 +7,7 @@ Each cell is one run of the user's command with nothing tuned (T_thr = rounds //
     emulate --topology mesh --protocol mapl --nodes M --partition mapl:scenario=1 --model hetero-small
             --rounds R --seed S --classifier-rows RULE
 - digits: M = 10, seeds 0-4, rounds 20, 40 and 100 (about 10 minutes for one rule on 2 cores);
-- fashion-mnist: M = 20, seeds 0-2, rounds 20 and 40, at the CPU scale of experiments/mapl_table.py
+- fashion-mnist: M = 20, seeds 0-2, rounds 20 and 40, at the CPU scale of experiments/mapl_table_sc12.yaml
   (100 training samples per class, one local epoch, d_z = 128; about 40 minutes per rule).
 For each rule: the worst node's weight on its own cluster at the last round (w_ii included),
 the mean over nodes, the share of its own cluster's neighbours a node still links to at

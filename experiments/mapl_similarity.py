@@ -16,6 +16,9 @@ offline under other rules:
    fresh Adam per call, one persistent Adam, and plain projected gradient steps: the
    worst node's and the mean weight on the own cluster at the end (no link is dropped in
    the replay, and W does not feed back into training).
+
+It stays a script, not a grid file for `emulate sweep`: it wraps CollaborationRow.learn to record
+what each graph step compared, which no run directory holds.
 """
 from __future__ import annotations
 

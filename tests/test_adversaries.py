@@ -103,12 +103,13 @@ DFEDAVGM = ["--protocol", "dfedavgm", "--dataset", "digits", "--partition", "iid
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_median_holds_where_the_mean_breaks(tmp_path, seed):
+    from analysis.rundir import load_run
+    from analysis.study import honest_acc
     from app.cli import main
-    from experiments.adversary_table import honest_accuracy
 
     accuracy = {}
     for rule in ("mean", "median"):
         out = tmp_path / rule
         assert main([*DFEDAVGM, "--seed", str(seed), "--aggregate", rule, "--out", str(out)]) == 0
-        accuracy[rule] = honest_accuracy(out)
+        accuracy[rule] = honest_acc(load_run(out))
     assert accuracy["mean"] < 0.3 < 0.7 < accuracy["median"], accuracy

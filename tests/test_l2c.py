@@ -94,7 +94,7 @@ def test_prune_counts_accept_counts_and_fractions():
 @pytest.mark.parametrize("protocol", ["l2c", "meta-l2c"])
 def test_same_task_peers_get_the_largest_weights_within_ten_rounds(tmp_path, protocol):
     # Paper Fig. 4: 15 nodes, five 2-class tasks, 3 nodes per task. One local epoch at lr 0.05
-    # (instead of 5 at 0.01) keeps the run short; experiments/l2c_table.py runs the defaults.
+    # (instead of 5 at 0.01) keeps the run short; experiments/l2c_accuracy.yaml runs the defaults.
     assert main(["--protocol", protocol, "--topology", "mesh", "--nodes", "15", "--rounds", "10",
                  "--partition", "mapl:scenario=1,clusters=5", "--local-epochs", "1", "--lr", "0.05",
                  "--prune", "0", "--out", str(tmp_path), "--quiet", "--no-plots"]) == 0
