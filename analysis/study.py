@@ -377,11 +377,13 @@ class Study:
         self.columns: list[str | None] = list(axes[spec.columns]) if spec.columns else [None]
         self.cells: dict[tuple[Row, str | None], list[Run]] = {}
         self.finished: list[Run] = []  # in the grid's order
+        self.planned: dict[tuple[Row, str | None], int] = {}  # runs the grid has in each cell
         for study_run in runs:
+            key = (tuple(study_run.labels[axis] for axis in spec.rows),
+                   study_run.labels[spec.columns] if spec.columns else None)
+            self.planned[key] = self.planned.get(key, 0) + 1
             if is_finished(study_run.path):
                 self.finished.append(_load(study_run.path))
-                key = (tuple(study_run.labels[axis] for axis in spec.rows),
-                       study_run.labels[spec.columns] if spec.columns else None)
                 self.cells.setdefault(key, []).append(self.finished[-1])
         self.values = {metric.name: self._values(metric) for metric in spec.metrics}
 
@@ -393,6 +395,11 @@ class Study:
 
     def of(self, metric: Metric, row: Row, column: str | None) -> list[float]:
         return self.values[metric.name].get((row, column), [])
+
+    def missing(self, row: Row, column: str | None) -> str:
+        """" (2 of 3 runs)" when some of the cell's runs failed or have not finished: the mean is of the others."""
+        done, planned = len(self.cells.get((row, column), [])), self.planned.get((row, column), 0)
+        return f" ({done} of {planned} runs)" if done < planned else ""
 
 
 def _load(path: Path) -> Run:
@@ -426,7 +433,7 @@ def metric_column(study: Study, metric: Metric, column: str | None, header: str,
             shown = f"{sum(values):g}/{len(values)}"
         else:
             shown = mean_std(metric.name, mean, std)
-        return shown, [mean, math.nan if std is None else std, len(values)]
+        return shown + study.missing(row, column), [mean, math.nan if std is None else std, len(values)]
     return Column(header, (f"{name} mean", f"{name} std", f"{name} runs"), cell)
 
 

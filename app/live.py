@@ -68,13 +68,13 @@ class StudyView:
             return None
         mean = sum(self.walls) / len(self.walls)
         now = time.monotonic()
-        running = sum(max(0.0, mean - (now - job.started)) for job in self.running.values())
+        running = sum(max(0.0, mean - (now - job.started)) for job in list(self.running.values()))
         return (self.queued * mean + running) / min(self.slots, max(1, self.queued + len(self.running)))
 
     def __rich__(self) -> Group:
         closed = self.rounds()
         table = Table(box=None, show_header=False, pad_edge=False)
-        for name, job in self.running.items():
+        for name, job in list(self.running.items()):  # list: the sweep's thread adds and removes runs
             table.add_row(f"  {name}", f"round {closed.get(name, 0)}/{job.rounds}",
                           duration(time.monotonic() - job.started))
         left = self.time_left()

@@ -85,7 +85,7 @@ class InProcess:
         return [Outcome(job.name, status, error)]
 
     def rounds(self) -> dict[str, int]:
-        return {job.name: rounds_closed(job.out) for job in self.pending}
+        return {job.name: rounds_closed(job.out) for job in list(self.pending)}  # list: the view's thread
 
     def close(self) -> None:
         self.pending.clear()
@@ -136,6 +136,8 @@ class WorkerProcesses:
         return process, ours
 
     def start(self, job: Job) -> None:
+        while self.idle and not self.idle[-1][0].is_alive():  # killed while it waited
+            self.idle.pop()[1].close()
         process, connection = self.idle.pop() if self.idle else self._spawn()
         connection.send(job.argv)
         self.busy[process] = (connection, job)
@@ -158,7 +160,7 @@ class WorkerProcesses:
         return outcomes
 
     def rounds(self) -> dict[str, int]:
-        return {job.name: rounds_closed(job.out) for _, job in self.busy.values()}
+        return {job.name: rounds_closed(job.out) for _, job in list(self.busy.values())}  # list: the view's thread
 
     def close(self) -> None:
         """End the running runs as SIGTERM ends `emulate` (their closed rounds stay on disk), then the workers."""
@@ -275,7 +277,7 @@ class RayTasks:
         while not self.progress.empty():
             name, closed = self.progress.get_nowait()
             self.round[name] = closed
-        return {job.name: self.round.get(job.name, 0) for job in self.running.values()}
+        return {job.name: self.round.get(job.name, 0) for job in list(self.running.values())}
 
     def close(self) -> None:
         """Cancel what is still running: SIGINT ends a task's run as Ctrl-C ends `emulate`."""

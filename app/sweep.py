@@ -12,6 +12,9 @@ The grid file (YAML):
       partition: ["mapl:scenario=1", "mapl:scenario=2"]  # ... or a value of the setting named like its axis
       seed: [0, 1, 2]
     out: runs/my-sweep           # default: runs/sweep-<grid file name>
+    jobs: 2                      # runs at once, each in a worker process (auto: cores / CPUs per run); default 1
+    executor: local              # or ray: each run a Ray task (--ray-address joins a cluster)
+    resources: {cpus: 1, gpus: 0, memory: 4GB}  # one run's share: its cores; on Ray also what it reserves
     table:                       # default: the first two axes other than seed, test_acc
       rows: method
       columns: partition
@@ -24,7 +27,10 @@ OUT/<axis>=<label>__<axis>=<label>...; a directory that already holds a finished
 run (a valid summary.json) is skipped, so an interrupted sweep resumes where it
 stopped. At the end OUT/table_<metric>.md and .csv hold "rows x columns: mean ±
 std" over the remaining axes (the seeds: sample std), and OUT/runs.md and .csv
-the per-run comparison of `emulate report`.
+the per-run comparison of `emulate report`. The flags --jobs, --executor,
+--cpus-per-run, --gpus-per-run and --memory-per-run override the file. A run
+that fails is kept in OUT/failed.csv and the others go on (exit status 1);
+SIGINT or SIGTERM ends the running runs, and the same command resumes.
 """
 from __future__ import annotations
 
@@ -276,7 +282,7 @@ def run_all(grid: Grid, runs: list[Point], rounds: dict[str, int], runner, conso
                     view.started(job)
                 for outcome in runner.finished(timeout=1.0):
                     if outcome.status in INTERRUPTED:  # Ctrl-C or SIGTERM ended a run: end the sweep too
-                        raise KeyboardInterrupt
+                        raise Terminated if outcome.status == 143 else KeyboardInterrupt
                     view.finished(outcome)
     finally:
         runner.close()

@@ -101,6 +101,8 @@ def test_a_failed_run_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
     assert all(row["exit_status"] == "2" and "none" in row["error"] for row in failed)
     for seed in (0, 1):
         assert (tmp_path / "runs" / "sweep" / f"data=digits__seed={seed}" / "summary.json").is_file()
+    table = (tmp_path / "runs" / "sweep" / "table.md").read_text()
+    assert "| missing | — (0 of 2 runs) |" in table and "(2 of 2" not in table  # the failed cell is marked
 
 
 def test_jobs_share_out_the_cores(tmp_path, monkeypatch):
