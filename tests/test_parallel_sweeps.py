@@ -76,13 +76,15 @@ def test_two_jobs_give_the_sequential_run_directories(sequential, tmp_path, monk
     assert churned["dropped_offline"] > 0  # the churn entry did take nodes down
 
 
-def test_the_live_view_prints_one_line_per_finished_run_when_not_a_terminal(tmp_path, monkeypatch, capsys):
+def test_the_live_view_prints_one_line_per_finished_run_when_not_a_terminal_and_target_adds_a_table(tmp_path, monkeypatch, capsys):
     write_grid(tmp_path, {**GRID, "grid": {"seed": [0, 1, 2]}, "base": {**GRID["base"], "protocol": "dfedavgm"}})
-    assert sweep_in(tmp_path, monkeypatch, "--jobs", "2") == 0
+    assert sweep_in(tmp_path, monkeypatch, "--jobs", "2", "--target", "0.05") == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     assert sorted(line.split()[1] for line in lines) == ["seed=0", "seed=1", "seed=2"]
     assert [line.split()[0] for line in lines] == ["[1/3]", "[2/3]", "[3/3]"] and all(" done (" in line
                                                                                     for line in lines)
+    reached = (tmp_path / "runs" / "sweep" / "time_to_target.md").read_text()  # --target: a row per seed here
+    assert reached.count("| 1/1 |") == 3  # every run reaches 5%
 
 
 def test_a_failed_run_does_not_stop_the_study(tmp_path, monkeypatch, capsys):
