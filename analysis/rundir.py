@@ -278,6 +278,22 @@ def rounds_closed(path: Path) -> int:
         return 0
 
 
+MEASURED = ("wall_seconds", "executor")  # summary.json entries that measure the machine, not the run
+
+
+def sweep_contents(folder: Path) -> dict[str, bytes]:
+    """Every file of every run directory in a sweep's folder, summary.json without MEASURED: equal for the
+    same runs wherever and however they ran."""
+    files = {}
+    for path in sorted(Path(folder).glob("*=*/**/*")):
+        if path.is_file():
+            data = path.read_bytes()
+            if path.name == "summary.json":
+                data = json.dumps({k: v for k, v in json.loads(data).items() if k not in MEASURED}).encode()
+            files[str(path.relative_to(folder))] = data
+    return files
+
+
 def _number(value) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
 

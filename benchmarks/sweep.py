@@ -13,7 +13,6 @@ measured: wall_seconds and the executor's statistics).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import shutil
@@ -25,19 +24,9 @@ from pathlib import Path
 
 import yaml
 
+from analysis.rundir import sweep_contents
+
 MODES = {"jobs1": ["--jobs", "1"], "jobs2": ["--jobs", "2"], "ray": ["--executor", "ray"]}
-MEASURED = ("wall_seconds", "executor")
-
-
-def run_files(sweep_dir: Path) -> dict[str, bytes]:
-    files = {}
-    for path in sorted(sweep_dir.glob("*=*/**/*")):
-        if path.is_file():
-            data = path.read_bytes()
-            if path.name == "summary.json":
-                data = json.dumps({k: v for k, v in json.loads(data).items() if k not in MEASURED}).encode()
-            files[str(path.relative_to(sweep_dir))] = data
-    return files
 
 
 def cpu_seconds() -> float:
@@ -67,7 +56,7 @@ def main() -> int:
         results = {}
         for mode in args.modes:
             wall, cpu, out = sweep(args.grid.resolve(), MODES[mode], Path(tmp) / mode)
-            files = run_files(out)
+            files = sweep_contents(out)
             runs = runs or files
             results[mode] = (wall, cpu, files == runs)
             print(f"{mode}: {wall:.1f} s", file=sys.stderr)

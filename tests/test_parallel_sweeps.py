@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from analysis.rundir import sweep_contents
 from app import settings as cfg
 from app.cli import main
 from app.runners import InProcess, Resources, WorkerProcesses
@@ -29,26 +30,12 @@ GRID = {
     },
     "out": "runs/sweep",
 }
-MEASURED = ("wall_seconds", "executor")  # summary.json keys that measure this machine, not the run
 
 
 def write_grid(where: Path, grid: dict = GRID) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     (where / "grid.yaml").write_text(yaml.safe_dump(grid))
     return where / "grid.yaml"
-
-
-def run_files(sweep_dir: Path) -> dict[str, bytes]:
-    """Every file of every run directory, summary.json without what the machine measured."""
-    files = {}
-    for path in sorted(sweep_dir.glob("*=*/**/*")):
-        if path.is_file():
-            data = path.read_bytes()
-            if path.name == "summary.json":
-                summary = json.loads(data)
-                data = json.dumps({k: v for k, v in summary.items() if k not in MEASURED}).encode()
-            files[str(path.relative_to(sweep_dir))] = data
-    return files
 
 
 def sweep_in(where: Path, monkeypatch, *flags: str) -> int:
@@ -63,13 +50,13 @@ def sequential(tmp_path_factory):
     write_grid(where)
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert sweep_in(where, monkeypatch) == 0
-    return run_files(where / "runs" / "sweep")
+    return sweep_contents(where / "runs" / "sweep")
 
 
 def test_two_jobs_give_the_sequential_run_directories(sequential, tmp_path, monkeypatch):
     write_grid(tmp_path)
     assert sweep_in(tmp_path, monkeypatch, "--jobs", "2") == 0
-    parallel = run_files(tmp_path / "runs" / "sweep")
+    parallel = sweep_contents(tmp_path / "runs" / "sweep")
     assert len(sequential) >= 4 * 5 and parallel.keys() == sequential.keys()
     assert [name for name in sequential if parallel[name] != sequential[name]] == []
     churned = json.loads(parallel["method=GL-churn__seed=0/summary.json"])

@@ -6,7 +6,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from emulator import cluster  # noqa: E402
-from tests.test_parallel_sweeps import run_files, sweep_in, write_grid  # noqa: E402
+from analysis.rundir import sweep_contents  # noqa: E402
+from tests.test_parallel_sweeps import sweep_in, write_grid  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")
 
@@ -50,7 +51,7 @@ def test_ray_tasks_give_the_sequential_run_directories(local_ray, tmp_path, monk
     on_ray = tmp_path / "ray"
     write_grid(on_ray, {**GRID, "executor": "ray", "resources": {"cpus": 1}})
     assert sweep_in(on_ray, monkeypatch) == 0
-    expected, got = run_files(sequential / "runs" / "sweep"), run_files(on_ray / "runs" / "sweep")
+    expected, got = sweep_contents(sequential / "runs" / "sweep"), sweep_contents(on_ray / "runs" / "sweep")
     assert len(expected) >= 20 and got.keys() == expected.keys()
     assert [name for name in expected if got[name] != expected[name]] == []
 
