@@ -15,19 +15,19 @@ The grid file (YAML):
     jobs: 2                      # runs at once, each in a worker process (auto: cores / CPUs per run); default 1
     executor: local              # or ray: each run a Ray task (--ray-address joins a cluster)
     resources: {cpus: 1, gpus: 0, memory: 4GB}  # one run's share: its cores; on Ray also what it reserves
-    table:                       # default: the first two axes other than seed, test_acc
+    table:                       # the tables and plots: see analysis/study.py
       rows: method
       columns: partition
-      metric: test_acc           # or a list; a final metric of summary.json or a summary key (bytes_total)
+      metric: [test_acc, bytes_per_round]
 
 Settings apply in order base, then each axis's entry; true makes a bool flag
 bare (mapl_no_cgl: true -> --mapl-no-cgl), false leaves it out. Every run's
 settings are checked before the first run starts. Run i goes to
 OUT/<axis>=<label>__<axis>=<label>...; a directory that already holds a finished
 run (a valid summary.json) is skipped, so an interrupted sweep resumes where it
-stopped. At the end OUT/table_<metric>.md and .csv hold "rows x columns: mean ±
-std" over the remaining axes (the seeds: sample std), and OUT/runs.md and .csv
-the per-run comparison of `emulate report`. The flags --jobs, --executor,
+stopped. At the end the tables (mean ± std over the remaining axes, the seeds:
+sample std), the plots and OUT/runs.md, the per-run comparison of `emulate
+report`, are written from the run directories (analysis/study.py). The flags --jobs, --executor,
 --cpus-per-run, --gpus-per-run and --memory-per-run override the file. A run
 that fails is kept in OUT/failed.csv and the others go on (exit status 1);
 SIGINT or SIGTERM ends the running runs, and the same command resumes.
@@ -363,17 +363,19 @@ def main(argv: list[str]) -> int:
             state = "done" if is_current(grid.out / point.name, flags(point.settings)) else "todo"
             print(f"{state}  emulate {shlex.join(point.argv(grid.out / point.name))}")
         return 0
+    try:
+        runner = make_runner(grid, args.ray_address)
+    except UsageError as exc:  # Ray could not start or be reached: nothing is written
+        fail(PROG, str(exc))
+        return 2
     grid.out.mkdir(parents=True, exist_ok=True)
     (grid.out / "grid.yaml").write_text(Path(args.grid).read_text())
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        failed = run_all(grid, runs, rounds, make_runner(grid, args.ray_address), Console(stderr=True))
+        failed = run_all(grid, runs, rounds, runner, Console(stderr=True))
     except KeyboardInterrupt as exc:
         fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
         return 143 if isinstance(exc, Terminated) else 130
-    except UsageError as exc:  # Ray could not start or be reached
-        fail(PROG, str(exc))
-        return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
     write_failures(grid.out, failed)

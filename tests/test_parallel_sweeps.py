@@ -119,6 +119,7 @@ def test_a_run_uses_the_cores_it_is_given(monkeypatch):
     (["--gpus-per-run", "1"], "--executor ray only"),
     (["--memory-per-run", "4GB"], "--executor ray only"),
     (["--executor", "dask"], "--executor"),
+    (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "--ray-address"),  # nothing listens there
 ])
 def test_bad_sweep_flags_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, flags, named):
     write_grid(tmp_path)
