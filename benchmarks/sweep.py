@@ -1,6 +1,6 @@
 """A study run three ways: one run at a time, `--jobs 2`, and as tasks on a local Ray; wall time and identity.
 
-    ./dev bench sweep [--grid benchmarks/sweep_grid.yaml] [--modes jobs1 jobs2 ray]
+    ./dev bench sweep [--grid benchmarks/sweep_grid.yaml] [--modes jobs1 jobs2 ray] [--keep DIR]
 
 Each way is `emulate sweep` in a fresh process (so each pays its own start-up) in a scratch
 directory of its own, with the grid's relative `out:`, so that even config.yaml is comparable.
@@ -50,9 +50,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", type=Path, default=Path(__file__).with_name("sweep_grid.yaml"))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--keep", type=Path, help="keep each way's sweep folder in KEEP/<way> (default: a scratch "
+                                                  "directory, removed)")
     args = parser.parse_args()
     runs = None
-    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as scratch:
+        tmp = args.keep or scratch
         results = {}
         for mode in args.modes:
             wall, cpu, out = sweep(args.grid.resolve(), MODES[mode], Path(tmp) / mode)

@@ -247,6 +247,6 @@ def test_a_bad_table_option_is_one_line_naming_it(table, named):
 def test_every_ready_made_grid_loads_and_its_runs_resolve():
     grids = sorted(EXPERIMENTS.glob("*.yaml"))
     assert len(grids) >= 12
-    for path in grids:
+    for path in [*grids, *sorted(EXPERIMENTS.parent.joinpath("benchmarks").glob("*.yaml"))]:  # and the bench's
         grid = load_grid(path)
         check_settings(grid, points(grid))
