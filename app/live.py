@@ -9,6 +9,7 @@ from typing import Callable
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -23,10 +24,11 @@ def duration(seconds: float) -> str:
 class StudyView:
     """What the sweep has done and is doing; `rounds` tells how far each running run is."""
 
-    def __init__(self, console: Console, total: int, skipped: int, slots: int, rounds: Callable[[], dict[str, int]]):
-        self.console, self.total, self.skipped, self.slots = console, total, skipped, slots
+    def __init__(self, console: Console, total: int, skipped: int, queued: int, slots: int,
+                 rounds: Callable[[], dict[str, int]]):
+        self.console, self.total, self.skipped, self.queued, self.slots = console, total, skipped, queued, slots
         self.rounds = rounds
-        self.queued = self.done = 0
+        self.done = 0
         self.failed: list[Outcome] = []
         self.running: dict[str, Job] = {}
         self.walls: list[float] = []  # seconds of each run this sweep finished
@@ -55,7 +57,7 @@ class StudyView:
         else:
             self.done += 1
         count = self.skipped + self.done + len(self.failed)
-        state = "done" if not outcome.status else f"[red]failed: {outcome.error}[/]"
+        state = "done" if not outcome.status else f"[red]failed: {escape(outcome.error)}[/]"
         line = f"[{count}/{self.total}] {outcome.name} {state} ({duration(wall)})"
         if self.live:
             self.live.console.print(line, highlight=False)

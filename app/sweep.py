@@ -39,6 +39,7 @@ import itertools
 import re
 import shlex
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -270,8 +271,7 @@ def run_all(grid: Grid, runs: list[Point], rounds: dict[str, int], runner, conso
         if is_finished(grid.out / point.name):
             console.print(f"[yellow]rerun {point.name}: its settings changed since it ran", highlight=False)
     queue = [Job(p.name, p.argv(grid.out / p.name), grid.out / p.name, rounds[p.name]) for p in todo]
-    view = StudyView(console, len(runs), len(runs) - len(todo), runner.slots, runner.rounds)
-    view.queued = len(queue)
+    view = StudyView(console, len(runs), len(runs) - len(todo), len(queue), runner.slots, runner.rounds)
     try:
         with view:
             while queue or view.running:
@@ -372,7 +372,7 @@ def main(argv: list[str]) -> int:
     (grid.out / "grid.yaml").write_text(Path(args.grid).read_text())
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        failed = run_all(grid, runs, rounds, runner, Console(stderr=True))
+        failed = run_all(grid, runs, rounds, runner, Console(file=sys.stderr))  # bound now: a run captures sys.stderr
     except KeyboardInterrupt as exc:
         fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
         return 143 if isinstance(exc, Terminated) else 130
