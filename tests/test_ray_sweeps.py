@@ -7,7 +7,7 @@ ray = pytest.importorskip("ray")
 
 from emulator import cluster  # noqa: E402
 from analysis.rundir import sweep_contents  # noqa: E402
-from tests.test_parallel_sweeps import sweep_in, write_grid  # noqa: E402
+from tests.test_parallel_sweeps import GRID, sweep_in, write_grid  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")
 
@@ -43,8 +43,6 @@ def test_the_local_ray_listens_on_loopback_only(local_ray):
 
 
 def test_ray_tasks_give_the_sequential_run_directories(local_ray, tmp_path, monkeypatch):
-    from tests.test_parallel_sweeps import GRID
-
     sequential = tmp_path / "sequential"
     write_grid(sequential)
     assert sweep_in(sequential, monkeypatch) == 0
@@ -57,8 +55,6 @@ def test_ray_tasks_give_the_sequential_run_directories(local_ray, tmp_path, monk
 
 
 def test_a_failed_ray_task_is_recorded_and_the_rest_run(local_ray, tmp_path, monkeypatch, capsys):
-    from tests.test_parallel_sweeps import GRID
-
     grid = {**GRID, "base": {**GRID["base"], "protocol": "dfedavgm"},
             "grid": {"data": [{"dataset": "digits", "label": "digits"},
                               {"dataset": "fashion-mnist", "data_root": str(tmp_path / "none"), "label": "missing"}]}}
