@@ -28,7 +28,7 @@ from analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
 from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
-from emulator.compute import Compute, ThreadExecutor, peak_rss
+from emulator.compute import BatchedExecutor, Compute, ThreadExecutor, peak_rss
 from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.ledger import Ledger
@@ -143,6 +143,10 @@ def make_executor(config: cfg.RunConfig):
 
         return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
                            cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
+    if config.executor == "batched":
+        from workloads.batched import BATCHERS, SHORTCUTS
+
+        return BatchedExecutor(cfg.workers(config), BATCHERS, SHORTCUTS)
     return ThreadExecutor(cfg.workers(config))
 
 
@@ -170,7 +174,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             writer.config({**asdict(config), **asdict(options)})
             env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
-                              state_in_process=config.executor == "thread")
+                              state_in_process=config.executor != "ray")
             protocol = protocol_cls(options, env)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)

@@ -122,7 +122,8 @@ HELP = {
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",
     "workers": "thread executor: threads (0: one per CPU core, or $EMULATE_CORES; a parallel sweep sets it)",
-    "executor": "where nodes' compute jobs run: thread (this process) or ray (Ray workers; pip install -e '.[ray]')",
+    "executor": "where nodes' compute jobs run: thread (this process), batched (this process; nodes of one "
+                "architecture train and evaluate as one vectorised job) or ray (Ray workers; pip install -e '.[ray]')",
     "ray_address": "ray: a running cluster, auto or HOST:PORT (unset: start a local Ray on this machine's cores)",
     "ray_workers": "ray: worker processes, each holding its nodes' models and data (0: as many as the cluster's "
                    "CPUs and GPUs hold at --ray-cpus/gpus-per-worker, at most one per node)",
@@ -147,7 +148,7 @@ NODE_FLOOR_BYTES = 10 * 1024
 CLOCKS = ("virtual", "real")
 COMPUTE_TIMES = ("model", "measured")
 DEVICES = ("cpu", "cuda")
-EXECUTORS = ("thread", "ray")
+EXECUTORS = ("thread", "batched", "ray")
 RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
 OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
@@ -295,6 +296,8 @@ def validate(config: RunConfig) -> None:
     _choice(config.device, DEVICES, "device")
     _choice(config.executor, EXECUTORS, "executor")
     check_ray(config)
+    if config.executor == "batched" and config.clock != "virtual":
+        raise ConfigError("--executor batched: needs --clock virtual (it batches the jobs due when every node waits)")
     _choice(config.compress, COMPRESSIONS, "compress")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
                          ("adversaries", parse_adversaries), ("bandwidth", units.rate),

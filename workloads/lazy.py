@@ -14,9 +14,12 @@ class LazyModule:
 
     def __init__(self, name: str):
         self._name = name
+        self._module = None
 
     def __getattr__(self, attr: str):
-        return getattr(importlib.import_module(self._name), attr)
+        if self._module is None:  # attribute access is hot (torch.x in every job): import once
+            self._module = importlib.import_module(self._name)
+        return getattr(self._module, attr)
 
     def __repr__(self) -> str:
         return f"<lazy module {self._name!r}>"
