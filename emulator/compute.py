@@ -122,9 +122,11 @@ class Batcher(Protocol):
 class _PendingJob(concurrent.futures.Future):
     """A job waiting for its batch: asking for its result runs every pending job first."""
 
-    def __init__(self, executor: "BatchedExecutor", node: int, fn: Callable, args: tuple, kwargs: dict, keep):
+    def __init__(self, executor: "BatchedExecutor", node: int, group: tuple, fn: Callable, args: tuple, kwargs: dict,
+                 keep):
         super().__init__()
-        self.executor, self.node, self.fn, self.args, self.kwargs, self.keep = executor, node, fn, args, kwargs, keep
+        self.executor, self.node, self.group, self.keep = executor, node, group, keep
+        self.fn, self.args, self.kwargs = fn, args, kwargs
 
     def result(self, timeout=None):
         if not self.done():
@@ -133,8 +135,8 @@ class _PendingJob(concurrent.futures.Future):
 
 
 class BatchedExecutor(ThreadExecutor):
-    """A thread executor that holds back the jobs it has a Batcher for, and runs those of one
-    kind with one key as one call when a result is first asked for.
+    """A thread executor that holds back the jobs it has a Batcher for (those whose key is not None),
+    and runs those of one kind with one key as one call when a result is first asked for.
 
     Under the virtual clock that is when no coroutine can run, so every job due in a round
     is in. A node's jobs run in the order it started them (one per node per call). A group
@@ -149,11 +151,16 @@ class BatchedExecutor(ThreadExecutor):
         self.batches = self.batched_jobs = 0
 
     def start(self, node, fn, args, kwargs, keep=None):
-        if fn not in self.batchers:
-            return super().start(node, fn, args, kwargs, keep)
-        job = _PendingJob(self, node, fn, args, kwargs, keep)
-        self.pending.append(job)
-        return job
+        batcher = self.batchers.get(fn)
+        if batcher is not None:
+            resolved = tuple(resolve(self.store, a) for a in args)
+            resolved_kwargs = {k: resolve(self.store, v) for k, v in kwargs.items()}
+            key = batcher.key(*resolved, **resolved_kwargs)
+            if key is not None:
+                job = _PendingJob(self, node, (fn, key), fn, resolved, resolved_kwargs, keep)
+                self.pending.append(job)
+                return job
+        return super().start(node, fn, args, kwargs, keep)
 
     def run_now(self, node, fn, args, kwargs, keep=None):
         """The job at once, by its shortcut when it has one (a drop-in replacement, cheaper on stacked models)."""
@@ -170,13 +177,11 @@ class BatchedExecutor(ThreadExecutor):
             for group in self._groups(wave):
                 self._run_group(group)
 
-    def _groups(self, jobs: list[_PendingJob]) -> list[list[_PendingJob]]:
+    @staticmethod
+    def _groups(jobs: list[_PendingJob]) -> list[list[_PendingJob]]:
         groups: dict = {}
         for job in jobs:
-            job.args = tuple(resolve(self.store, a) for a in job.args)
-            job.kwargs = {k: resolve(self.store, v) for k, v in job.kwargs.items()}
-            key = self.batchers[job.fn].key(*job.args, **job.kwargs)
-            groups.setdefault((job.fn, key) if key is not None else job, []).append(job)
+            groups.setdefault(job.group, []).append(job)
         return list(groups.values())
 
     def _run_group(self, group: list[_PendingJob]) -> None:

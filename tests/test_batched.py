@@ -201,6 +201,8 @@ def test_models_of_other_architectures_or_options_do_not_share_a_batch():
     assert key(other[0], *data[0], **kw) != key(mlp[0], *data[0], **kw)
     assert key(mlp[0], *data[0], **{**kw, "lr": 0.2}) != key(mlp[1], *data[1], **kw)
     assert key(mlp[0], *data[0], **kw, forward=lambda x, y: x) is None  # a custom forward pass runs alone
+    cnn, images = _nodes("cnn-small", [8], shape=(1, 12, 12))
+    assert key(cnn[0], *images[0], **kw) is None  # convolutions on a CPU: one node after another is faster
 
 
 @pytest.mark.parametrize("flags, named", [

@@ -19,6 +19,7 @@ there, nodes whose batch has one size step together.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class _Layout:
     """What the batched path knows of one model: its architecture, modules and (once stacked) its row."""
     architecture: tuple | None  # None: a model the batched path leaves alone (tied tensors)
     batch_norm: bool
+    convolution: bool
     modules: list
     slots: list  # (name, owning module, attribute, is a parameter)
     row: tuple | None = None  # (stack, row, data pointers of the row's views)
@@ -50,8 +52,9 @@ class _Layout:
         tensors = [(name, _get(module, leaf, param)) for name, module, leaf, param in slots]
         shapes = tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
         norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+        conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
         tied = len({id(t) for _, t in tensors}) < len(tensors)  # one tensor in two places: not stackable
-        known = cls((type(model), repr(model), shapes), norm, list(model.modules()), slots)
+        known = cls((type(model), repr(model), shapes), norm, conv, list(model.modules()), slots)
         if tied or list(known.state()) != list(model.state_dict()):  # shared modules: leave it to the plain jobs
             known.architecture = None
         return known
@@ -199,9 +202,17 @@ def _sgd_key(model, x, y, *, epochs, steps, lr, momentum, weight_decay, batch_si
              objective=None, parameters=None):
     if forward is not None or objective is not None or parameters is not None:
         return None
-    architecture = layout(model).architecture
-    return architecture and (architecture, tuple(x.shape[1:]), x.dtype, y.dtype, x.device, epochs, steps, lr, momentum,
+    if not _batchable(model, x):
+        return None
+    return (layout(model).architecture, tuple(x.shape[1:]), x.dtype, y.dtype, x.device, epochs, steps, lr, momentum,
             weight_decay, batch_size)
+
+
+def _batchable(model, x) -> bool:
+    """Whether vmap pays: not for tied tensors, nor for convolutions on a CPU, where vmap's grouped
+    convolution runs slower than one node after another (docs/batched.md has the measurement)."""
+    model_layout = layout(model)
+    return model_layout.architecture is not None and not (model_layout.convolution and x.device.type == "cpu")
 
 
 def sgd_together(calls: list[tuple[tuple, dict]]) -> list[tuple[float, int]]:
@@ -275,9 +286,12 @@ def _step_function(template):
 
 # -- evaluation (eval mode: every sample is scored on its own, so padding is exact)
 
+EVAL_ELEMENTS = 2 ** 20  # input values per vectorised forward pass, all nodes together: a bound on its activations
+
 def _eval_key(model, x, y, batch_size: int = 1024):
-    architecture = layout(model).architecture
-    return architecture and (architecture, tuple(x.shape[1:]), x.dtype, x.device, batch_size)
+    if not _batchable(model, x):
+        return None
+    return layout(model).architecture, tuple(x.shape[1:]), x.dtype, x.device, batch_size
 
 
 def _scores_together(calls: list[tuple[tuple, dict]], per_sample) -> list[float]:
@@ -294,14 +308,15 @@ def _score_rows(stack: Stack, calls: list, per_sample) -> list[float]:
     forward = func.vmap(lambda p, b, x: func.functional_call(stack.models[0], (p, b), (x,)))
     device = xs[0].device
     totals = torch.zeros(len(calls), dtype=torch.float64, device=device)
+    chunk = max(1, min(batch_size, EVAL_ELEMENTS // (len(calls) * max(1, math.prod(xs[0].shape[1:])))))
     with torch.no_grad():
-        for start in range(0, max(len(y) for y in ys), batch_size):
+        for start in range(0, max(len(y) for y in ys), chunk):
             members = [i for i, y in enumerate(ys) if len(y) > start]
             rows = None if len(members) == len(calls) else torch.tensor(members, device=device)
-            lengths = [min(len(ys[i]) - start, batch_size) for i in members]
+            lengths = [min(len(ys[i]) - start, chunk) for i in members]
             logits = forward(_rows_of(params, rows), _rows_of(buffers, rows),
-                             _padded([xs[i][start:start + batch_size] for i in members], max(lengths)))
-            labels = _padded([ys[i][start:start + batch_size] for i in members], max(lengths))
+                             _padded([xs[i][start:start + chunk] for i in members], max(lengths)))
+            labels = _padded([ys[i][start:start + chunk] for i in members], max(lengths))
             scores = (per_sample(logits, labels) * _mask(lengths, max(lengths), device)).sum(1)
             totals.index_add_(0, torch.tensor(members, device=device), scores.double())
     return [total / len(y) if len(y) else float("nan") for total, y in zip(totals.tolist(), ys)]
