@@ -5,7 +5,9 @@
 Each run is dfedavgm on regular:d=4 (defaults otherwise: every node scored on the whole test
 split every round), once per executor, each in its own `emulate` process with the default
 workers. The figure is the ratio of the emulations' wall times (summary.json's wall_seconds),
-taken in the same invocation; with --repeat K each run is made K times, alternating the
+taken in the same invocation, and the batched run's wall split into its jobs' seconds and
+the rest (on the batched executor jobs run on the event loop's thread, unbatchable ones
+excepted); with --repeat K each run is made K times, alternating the
 executors, and the least wall time of each is kept. The two runs' traffic (links.csv and
 messages.jsonl) must be byte-identical, and the table says so.
 """
@@ -21,6 +23,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+
+from app.settings import cores
 
 CASES = {
     "mlp64": ["--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "64", "--rounds", "10"],
@@ -48,9 +52,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     table = Table(title="dfedavgm on regular:d=4: --executor batched against --executor thread")
-    for column in ("run", "thread wall", "batched wall", "batched / thread", "peak RSS thread",
-                   "peak RSS batched", "final test_acc thread / batched", "traffic identical"):
+    for column in ("run", "thread wall", "batched wall", "batched / thread", "peak RSS thread / batched",
+                   "final test_acc thread / batched", "traffic identical"):
         table.add_column(column)
+    parts = Table(title="What the wall time is made of (summary.json: executor.job_seconds)")
+    for column in ("run", "thread: seconds in jobs", "batched: seconds in jobs", "batched: the rest (messages, nodes, "
+                   "records)"):
+        parts.add_column(column)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.cases:
@@ -62,13 +70,20 @@ def main() -> None:
                         best[executor] = summary
             thread, batch = best["thread"], best["batched"]
             table.add_row(
-                f"{name}: {' '.join(CASES[name])}", f"{thread['wall_seconds']:.2f} s", f"{batch['wall_seconds']:.2f} s",
+                name, f"{thread['wall_seconds']:.2f} s", f"{batch['wall_seconds']:.2f} s",
                 f"{batch['wall_seconds'] / thread['wall_seconds']:.2f}",
-                f"{thread['executor']['driver_peak_rss'] / 2**20:.0f} MiB",
+                f"{thread['executor']['driver_peak_rss'] / 2**20:.0f} / "
                 f"{batch['executor']['driver_peak_rss'] / 2**20:.0f} MiB",
                 f"{thread['final']['test_acc']:.4f} / {batch['final']['test_acc']:.4f}",
                 "yes" if same_traffic(Path(scratch) / "thread", Path(scratch) / "batched") else "NO")
-    Console().print(table)
+            jobs = batch["executor"]["job_seconds"]
+            parts.add_row(name, f"{sum(thread['executor']['job_seconds'].values()):.3f} (on {cores()} threads)",
+                          ", ".join(f"{job} {seconds:.3f}" for job, seconds in jobs.items()),
+                          f"{batch['wall_seconds'] - sum(jobs.values()):.3f} s")
+    console = Console(width=160)
+    console.print(table)
+    console.print(parts)
+    console.print({name: " ".join(CASES[name]) for name in args.cases})
     print(f"bench wall: {time.perf_counter() - started:.0f} s")
 
 

@@ -9,8 +9,10 @@ what a job takes and returns travels.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
+import threading
 import resource
 import time
 from dataclasses import dataclass
@@ -83,20 +85,31 @@ class ThreadExecutor:
     def __init__(self, workers: int):
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compute")
         self.store: dict[tuple[int, int], Any] = {}
+        self.job_seconds: collections.Counter = collections.Counter()  # wall seconds by job function
+        self._lock = threading.Lock()
 
     def keep(self, node: int, key: int, value: Any) -> None:
         self.store[node, key] = value
 
     def start(self, node: int, fn: Callable, args: tuple, kwargs: dict,
               keep: tuple | None = None) -> concurrent.futures.Future:
-        return self.pool.submit(run_job, self.store, fn, args, kwargs, keep)
+        return self.pool.submit(self._timed, fn, args, kwargs, keep)
 
     def run_now(self, node: int, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None = None) -> Any:
         """The job, here and now (on the calling thread); its result."""
-        return run_job(self.store, fn, args, kwargs, keep)[0]
+        return self._timed(fn, args, kwargs, keep)[0]
+
+    def _timed(self, fn: Callable, args: tuple, kwargs: dict, keep: tuple | None) -> tuple[Any, float]:
+        result, wall = run_job(self.store, fn, args, kwargs, keep)
+        self.count(fn.__name__, wall)
+        return result, wall
+
+    def count(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.job_seconds[name] += seconds
 
     def stats(self) -> dict:
-        return {"kind": self.kind}
+        return {"kind": self.kind, "job_seconds": {name: round(s, 6) for name, s in sorted(self.job_seconds.items())}}
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -188,7 +201,7 @@ class BatchedExecutor(ThreadExecutor):
         if len(group) == 1:
             job = group[0]
             try:
-                self._finish(job, *run_job(self.store, job.fn, job.args, job.kwargs, None))
+                self._finish(job, *self._timed(job.fn, job.args, job.kwargs, None))
             except BaseException as exc:
                 job.set_exception(exc)
             return
@@ -199,9 +212,11 @@ class BatchedExecutor(ThreadExecutor):
             for job in group:
                 job.set_exception(exc)
             return
-        wall = (time.perf_counter() - start) / len(group)
+        wall = time.perf_counter() - start
+        self.count(f"{group[0].fn.__name__} (batched)", wall)
         self.batches += 1
         self.batched_jobs += len(group)
+        wall /= len(group)
         for job, result in zip(group, results):
             self._finish(job, result, wall)
 
@@ -212,7 +227,7 @@ class BatchedExecutor(ThreadExecutor):
         job.set_result((result, wall))
 
     def stats(self) -> dict:
-        return {"kind": self.kind, "batches": self.batches, "batched_jobs": self.batched_jobs}
+        return {**super().stats(), "batches": self.batches, "batched_jobs": self.batched_jobs}
 
     def close(self) -> None:
         self.pending.clear()
