@@ -9,7 +9,7 @@ and its own BatchNorm statistics; results are `training.sgd`'s, `accuracy`'s and
 
 Storage: the first time a set of fresh models runs together, their tensors move into
 one stack and each model's parameters and buffers become views of its row, so the stack
-*is* the models (one copy, not two). A later job over exactly those rows, in order,
+*is* the models (one copy, not two). A later job over exactly those rows, in any order,
 works on the stack in place; any other set is gathered into a temporary stack and
 written back.
 
