@@ -119,6 +119,7 @@ class VirtualClock:
         # Uncancellable events (deliveries, job results): plain tuples, far cheaper than loop timers.
         self._events: list[tuple] = []
         self._sequence = itertools.count()
+        self._idle: deque[tuple] = deque()
         self.loop = _VirtualLoop(self)
 
     def run(self, coro: Coroutine) -> Any:
@@ -134,6 +135,10 @@ class VirtualClock:
     def schedule(self, when: float, callback: Callable, *args) -> None:
         """Run callback(*args) at emulated time `when`; events due together run in scheduling order."""
         heapq.heappush(self._events, (when, next(self._sequence), callback, args))
+
+    def when_idle(self, callback: Callable, *args) -> None:
+        """Run callback(*args) once nothing else can happen: no event, timer or job is due (a checkpoint's moment)."""
+        self._idle.append((callback, args))
 
     def submit(self, job: concurrent.futures.Future, charged: float | None, factor: float = 1.0) -> asyncio.Future:
         """A started job's (result, wall seconds), resolved at now + charged emulated seconds.
@@ -183,6 +188,9 @@ class VirtualClock:
                 callback(*args)
         elif scheduled:
             self.now = max(self.now, scheduled[0]._when)
+        elif self._idle and not self.loop._ready:
+            callback, args = self._idle.popleft()
+            callback(*args)
         else:
             return bool(self.loop._ready or self.loop._stopping)
         return True

@@ -295,6 +295,13 @@ class Compute:
         self._keys[node] += 1
         return self._keys[node]
 
+    def keys(self, node: int) -> int:
+        """How many handles the node has made (a checkpoint keeps the count, so later handles line up)."""
+        return self._keys[node]
+
+    def set_keys(self, node: int, count: int) -> None:
+        self._keys[node] = count
+
 
 def _length(value: Any) -> int | None:
     try:

@@ -5,6 +5,7 @@ import asyncio
 import gc
 from typing import Callable
 
+from .checkpoint import Barrier, Checkpoints, Resume, capture_network, capture_node, restore_network
 from .compute import Compute
 from .network import Network
 from .node import Node, NodeContext, handle_maker
@@ -17,17 +18,32 @@ class Emulation:
     """The nodes of one run, driven on `clock` over `network`; `availability` (if any) takes them down and up."""
 
     def __init__(self, protocol: Protocol, network: Network, clock, compute: Compute, rounds: int, seeds: Seeds,
-                 availability=None, on_round: Callable = lambda rnd, now: None):
+                 availability=None, on_round: Callable = lambda rnd, now: None, checkpoints: Checkpoints | None = None):
         self.protocol, self.network, self.clock, self.rounds = protocol, network, clock, rounds
-        self.ledger, self.availability = network.ledger, availability
+        self.ledger, self.availability, self.compute = network.ledger, availability, compute
         n = network.num_nodes
         self.recorder = Recorder(n, network.ledger, protocol.observe, on_round)
         if availability is not None:
             availability.on_crash = self._crash
-        self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds)) for i in range(n)]
+        self.checkpoints = checkpoints
+        self.barrier = resume = None
+        if checkpoints is not None:
+            self.barrier = Barrier(checkpoints.every, clock, lambda: self.recorder.alive, self._save)
+            if checkpoints.saved is not None:
+                resume = Resume(checkpoints.saved, checkpoints.tensors, compute.executor, checkpoints.residents)
+                restore_network(checkpoints.saved["network"], network, self.recorder, clock)
+        self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
+                      for i in range(n)]
         self.tasks: dict[int, asyncio.Task] = {}
         self._handle_of = handle_maker()  # what a protocol gets: the node API only
         self._running: set[int] = set()
+
+    def _save(self, rnd: int) -> None:
+        """The state at round rnd's barrier, to the checkpoint writer."""
+        tensors: dict = {}
+        nodes = [capture_node(node, self.compute.executor, self.checkpoints.residents, tensors) for node in self.nodes]
+        saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes}
+        self.checkpoints.write(rnd, saved, tensors)
 
     def _crash(self, node: int) -> None:
         if node in self._running:  # a task cancelled before its first step could not catch it

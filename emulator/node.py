@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable
 
 from .clock import sleep
 from .compute import Compute, Resident
@@ -31,6 +31,8 @@ class NodeContext:
     recorder: Recorder
     rounds: int
     seeds: Seeds
+    barrier: Any = None  # checkpoint.Barrier, with --checkpoint-every
+    resume: Any = None  # the run's Resume, when it continues from a checkpoint
 
 
 class Node:
@@ -41,6 +43,7 @@ class Node:
         self._network, self._clock = context.network, context.clock
         self._mailbox = context.network.mailboxes[context.id]
         self._rng = self._np_rng = self._torch_generator = None
+        self._carried = None
 
     def __repr__(self):
         return f"Node({self.id}, round={self._round})"
@@ -237,13 +240,34 @@ class Node:
         return await self._context.compute.run(self.id, fn, args, kwargs, work, keep)
 
     # -- results ----------------------------------------------------------
-    def rounds(self) -> Iterator[int]:
-        """for r in node.rounds(): ... — sets node.round and closes each round's metrics row."""
-        recorder = self._context.recorder
-        for rnd in range(self._context.rounds):
+    async def rounds(self) -> AsyncIterator[int]:
+        """async async for r in node.rounds(): ... — sets node.round and closes each round's metrics row.
+
+        With --checkpoint-every K, the node waits at the barrier before each K-th round; a
+        resumed run starts at the checkpoint's round, the node's state put back first.
+        """
+        context = self._context
+        recorder, barrier, resume = context.recorder, context.barrier, context.resume
+        start = 0
+        if resume is not None:
+            start = resume.round
+            resume.restore(self)
+        for rnd in range(start, context.rounds):
+            if barrier is not None and rnd > start and barrier.due(rnd):
+                await barrier.wait(self.id, rnd)
             self._round = rnd
             yield rnd
             recorder.end_round(self.id, rnd, self._clock.now)
+
+    def carry(self, state: Any) -> Any:
+        """Declare what this node carries from round to round (a dataclass: the algorithm box's
+        variables); a checkpoint saves it, and a resumed run hands it back as it was. Call it
+        before `async for ... in node.rounds()`, and keep cross-round state in it, not in locals."""
+        self._carried = state
+        resume = self._context.resume
+        if resume is not None:
+            resume.refill(self, state)
+        return state
 
     def log(self, **metrics: Any) -> None:
         """Add metrics to this node's row for the current round."""
@@ -280,8 +304,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 PROPERTIES = ("id", "round", "seeds", "rng", "np_rng", "torch_generator", "neighbours", "in_neighbours", "online",
               "num_nodes")
-METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "keep", "compute", "rounds", "log", "snapshot",
-           "record")
+METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "keep", "compute", "rounds", "carry", "log",
+           "snapshot", "record")
 
 
 def handle_maker():

@@ -35,7 +35,7 @@ class DFedAvgM(LearningProtocol):
 
     async def run(self, node):
         model, data = self.hold(node)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
             heard_from = await self.average(node, model)  # 2-3
             node.snapshot(await self.state(node, model))

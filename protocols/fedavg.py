@@ -95,7 +95,7 @@ class FedAvg(LearningProtocol):
         o = self.options
         model = node.keep(self.workload.model(0))  # the common start x0
         test = self._global_test(node) if self.workload.test_set == "global" else None
-        for _ in node.rounds():
+        async for _ in node.rounds():
             reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
             sampled = self._sample(node, reachable)
             state = await self.state(node, model)
@@ -121,7 +121,7 @@ class FedAvg(LearningProtocol):
         # the server's model has the clients' architecture
         model_body = expects(**{STATE: await self.state(node, model)})
         message = None
-        for _ in node.rounds():
+        async for _ in node.rounds():
             if message is None or message.round < node.round:
                 message = await self._next_model(node, model_body)
             if message is None or message.round > node.round or message.body is None:

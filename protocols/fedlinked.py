@@ -348,7 +348,7 @@ class FedLinked(Linked):
 
     async def _serve(self, node):
         o = self.options
-        for _ in node.rounds():
+        async for _ in node.rounds():
             if o.eta == 0:
                 continue  # separated learning: nothing to serve
             index = self.public_index(node.round)
@@ -364,7 +364,7 @@ class FedLinked(Linked):
         o = self.options
         model, data, kept, best, public = self.setup(node, self.part[node.id])
         first, best_acc, resume = await self.pretrain(node, model, data, best), -1.0, 0
-        for _ in node.rounds():
+        async for _ in node.rounds():
             index, body = self.public_index(node.round), None
             # behind the server (it answered a later round), a client learns alone until it has caught up
             if o.eta > 0 and node.round >= resume and self.server in node.neighbours:
@@ -392,7 +392,7 @@ class FedLinkedP2P(Linked):
         o = self.options
         model, data, kept, best, public = self.setup(node, node.id)
         first, best_acc = await self.pretrain(node, model, data, best), -1.0
-        for _ in node.rounds():
+        async for _ in node.rounds():
             index, body, heard = self.public_index(node.round), None, {}
             if o.eta > 0:
                 own = await self.represent(node, model, public, index)

@@ -253,7 +253,7 @@ class FedMN(Modular, FedAvg):
         o = self.options
         network = node.keep(self.initial_model(0))
         layout = Layout(await self.state(node, network), self.widths)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             routed = self.routed(node.round)
             reachable = node.neighbours
             sampled = self._sample(node, reachable)
@@ -285,7 +285,7 @@ class FedMN(Modular, FedAvg):
         layout = Layout(await self.state(node, network), self.widths)
         first = layout.carrying(layout.router, layout.names(layout.everything, False))  # routed, or pretraining
         message = None
-        for _ in node.rounds():
+        async for _ in node.rounds():
             if message is None or message.round < node.round:
                 message = await self._next_model(node, first)
             if message is None or message.round > node.round or message.body is None:
@@ -323,7 +323,7 @@ class FedMNP2P(Modular):
         o = self.options
         network, data = self.hold(node)
         layout = Layout(await self.state(node, network), self.widths)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             routed = self.routed(node.round)
             decision, route = await self.decide(node, network, data)
             loss = await self.train(node, network, data)

@@ -50,7 +50,7 @@ class Gossip(Protocol):
 
     async def run(self, node):
         x = self.initial(node.id)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             degree = len(node.in_neighbours)
             node.broadcast("x", {"x": x, DEGREE: degree})
             heard = await node.gather("x", timeout=self.options.timeout, valid=self.valid)

@@ -58,7 +58,7 @@ class GossipLearning(LearningProtocol):
         o = self.options
         model, data = self.hold(node)
         age = 0
-        for _ in node.rounds():
+        async for _ in node.rounds():
             deadline = node.now() + o.period
             body = {STATE: await self.state(node, model), "age": age}
             if node.neighbours:

@@ -159,7 +159,7 @@ class L2C(LearningProtocol):
         neighbours = list(node.neighbours)  # N(i) at the start, which K0 counts
         sources, listeners = list(neighbours), set(neighbours)
         pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
-        for rnd in node.rounds():
+        async for rnd in node.rounds():
             start = await self.state(node, model)
             loss = await self.train(node, model, data)
             if pruning and rnd == o.prune_round + 1:

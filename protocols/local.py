@@ -21,6 +21,6 @@ class Local(LearningProtocol):
 
     async def run(self, node):
         model, data = self.hold(node)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             loss = await self.train(node, model, data)
             node.log(train_loss=loss, **await self.evaluate(node, model, data))

@@ -270,7 +270,7 @@ class MAPL(LearningProtocol):
         neighbours = list(node.neighbours)
         row = CollaborationRow(node.id, neighbours, len(data.train_y))
         valid = await self.expected(node, model, prototypes)
-        for r in node.rounds():
+        async for r in node.rounds():
             loss, prototypes = await node.compute(
                 pml.personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
                 epochs=o.local_epochs, batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1,

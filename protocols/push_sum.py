@@ -24,7 +24,7 @@ class PushSum(Protocol):
 
     async def run(self, node):
         s, w = float(node.id), 1.0
-        for _ in node.rounds():
+        async for _ in node.rounds():
             share = 1 / (len(node.neighbours) + 1)
             body = [s * share, w * share]
             node.broadcast("sw", body)

@@ -17,7 +17,7 @@ BODY = {"x": np.arange(1.0, 4.0), "degree": 2, "tags": ["a"]}
 def _two_rounds(attack: str, log: list, valid=None):
     """Every node sends BODY to every neighbour for two rounds and logs what it takes."""
     async def run(node):
-        for _ in node.rounds():
+        async for _ in node.rounds():
             node.broadcast("m", BODY)
             heard = await node.gather("m", timeout=1.0, valid=valid)
             log.extend((node.round, message.src, message.body, message.size) for message in heard.values())
@@ -65,7 +65,7 @@ def test_stale_repeats_the_first_body_and_oversize_costs_bytes():
     log = []
 
     async def run(node):
-        for rnd in node.rounds():
+        async for rnd in node.rounds():
             node.broadcast("m", sent[rnd])
             heard = await node.gather("m", timeout=1.0)
             log.extend((rnd, m.src, m.body["x"].tolist()) for m in heard.values())

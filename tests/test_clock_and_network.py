@@ -144,7 +144,7 @@ def test_gather_collects_one_message_per_neighbour_and_keeps_the_rest():
     result = {}
 
     async def run(node):
-        for rnd in node.rounds():
+        async for rnd in node.rounds():
             if node.id == 0 and rnd == 1:
                 got = await node.gather("model", peers=[1, 2, 3], timeout=1.0)
                 result["got"] = {src: m.body for src, m in got.items()}

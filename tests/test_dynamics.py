@@ -78,7 +78,7 @@ def test_offline_node_does_not_compute_and_rejoins_with_its_state(tmp_path):
 
     async def run(node):
         count = 0
-        for _ in node.rounds():
+        async for _ in node.rounds():
             await node.compute(lambda: None, work=1000)  # 1 s at 1 ms per unit
             count += 1
             finished.setdefault(node.id, []).append(node.now())
@@ -293,7 +293,7 @@ def test_schedule_file_and_a_message_in_flight_on_a_vanishing_edge(tmp_path):
     seen = {}
 
     async def run(node):
-        for rnd in node.rounds():
+        async for rnd in node.rounds():
             seen[node.id, rnd] = (node.neighbours, node.in_neighbours)
             if node.id == 0 and rnd == 0:
                 node.send(1, "slow")  # 1 s on the wire; node 1 gives up after 0.5 s
@@ -398,7 +398,7 @@ def test_crash_at_time_zero_and_after_the_last_round(tmp_path):
     finished = []
 
     async def run(node):
-        for _ in node.rounds():
+        async for _ in node.rounds():
             await node.sleep(1.0)
         finished.append(node.id)
 

@@ -41,7 +41,7 @@ def test_optional_fields_numbers_and_arrays():
 def _bodies(sent, valid, log):
     """Node 0 sends each body of `sent` to node 1, which gathers round by round with `valid`."""
     async def run(node):
-        for rnd in node.rounds():
+        async for rnd in node.rounds():
             if node.id == 0:
                 node.send(1, "m", sent[rnd])
             else:

@@ -32,7 +32,7 @@ class MaxFlood(Protocol):
 
     async def run(self, node):
         known = self.initial(node.id)
-        for _ in node.rounds():
+        async for _ in node.rounds():
             node.broadcast("max", known)
             heard = await node.gather("max", timeout=self.options.timeout, valid=lambda body: isinstance(body, float))
             known = max([known, *(message.body for message in heard.values())])

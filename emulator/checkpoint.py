@@ -1,0 +1,221 @@
+"""Checkpoints at a round barrier: the emulator's part of a run's state, taken and put back.
+
+With --checkpoint-every K, before round r (a positive multiple of K) every live node waits
+at the barrier. Once nothing else can happen (every frame in flight has landed, no timer
+or job is due) the barrier takes the state, hands it to `save`, and lets every node go on,
+in node order. At that instant each node's state is only what it declared with
+`node.carry(...)`, its resident objects, its generators and the frames in its mailbox, so
+the state is consistent. Emulated time idles at the barrier; nothing else changes.
+
+The state is plain data (msgpack-able: numbers, strings, bytes, lists, dicts) and a dict
+of tensors (the nodes' resident objects, by "node/key/name"); writing it is the caller's.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import wire
+from .compute import Resident
+from .ledger import NodeRound, TraceRow
+from .network import Message
+
+
+@dataclass
+class Checkpoints:
+    """A run's checkpointing: every K rounds, how resident objects are saved, where a checkpoint goes
+    (write(round, state, tensors)), and the checkpoint it resumes from, if any."""
+    every: int
+    residents: "Residents"
+    write: Callable[[int, dict, dict], None]
+    saved: dict | None = None
+    tensors: dict | None = None
+
+
+class Barrier:
+    """Where the nodes wait before a checkpointed round."""
+
+    def __init__(self, every: int, clock, alive: Callable[[], int], save: Callable[[int], None]):
+        self.every, self.clock, self.alive, self.save = every, clock, alive, save
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.first_arrival = 0.0
+        self.idle_seconds = 0.0  # emulated time between each barrier's first arrival and its release, summed
+        self.count = 0
+
+    def due(self, rnd: int) -> bool:
+        return self.every > 0 and rnd > 0 and rnd % self.every == 0
+
+    async def wait(self, node: int, rnd: int) -> None:
+        if not self.waiting:
+            self.first_arrival = self.clock.now
+        waiter = self.waiting[node] = self.clock.loop.create_future()
+        if len(self.waiting) == self.alive():
+            self.clock.when_idle(self._release, rnd)
+        await waiter
+
+    def _release(self, rnd: int) -> None:
+        self.save(rnd)
+        self.idle_seconds += self.clock.now - self.first_arrival
+        self.count += 1
+        waiting, self.waiting = self.waiting, {}
+        for node in sorted(waiting):
+            waiting[node].set_result(None)
+
+
+# -- random generators as plain data
+
+def random_state(rng: random.Random | None):
+    return None if rng is None else [rng.getstate()[0], list(rng.getstate()[1]), rng.getstate()[2]]
+
+
+def set_random_state(rng: random.Random, state) -> None:
+    rng.setstate((state[0], tuple(state[1]), state[2]))
+
+
+def numpy_state(generator) -> str | None:
+    """A numpy Generator's bit generator state, as JSON (its integers outgrow msgpack's 64 bits)."""
+    return None if generator is None else json.dumps(generator.bit_generator.state)
+
+
+def set_numpy_state(generator, state: str) -> None:
+    generator.bit_generator.state = json.loads(state)
+
+
+# -- the network, the ledger and the recorder
+
+def capture_network(network, recorder, clock) -> dict:
+    ledger = network.ledger
+    trace_index = {id(row): i for i, row in enumerate(ledger.trace)} if ledger.trace is not None else {}
+    return {
+        "now": clock.now,
+        "links": [[src, dst, link.free_at, link.last_start, link.last_arrival, link.loss_state.bad,
+                   random_state(link._rng), numpy_state(link._corrupt_rng), list(link.counters)]
+                  for (src, dst), link in sorted(network.links.items())],
+        "uplinks": [c.free_at for c in network.uplinks],
+        "downlinks": [c.free_at for c in network.downlinks],
+        "wire_rngs": {src: numpy_state(g) for src, g in network._wire_rngs.items()},
+        "node_rounds": [[node, rnd, c.msgs_sent, c.bytes_sent, c.msgs_received, c.bytes_received]
+                        for (node, rnd), c in ledger.node_rounds.items()],
+        "trace": None if ledger.trace is None else [
+            [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in ledger.trace],
+        "mailboxes": [[[m.src, m.kind, m.round, m.size, m.t_send, m.t_arrive, bytes(m.frame),
+                        trace_index.get(id(m.trace))] for m in box.messages] for box in network.mailboxes],
+        "recorder": {"rows": [[rnd, node, row] for (rnd, node), row in recorder.rows.items()],
+                     "done_through": list(recorder.done_through), "alive": recorder.alive,
+                     "streams": dict(recorder.streams)},
+    }
+
+
+def restore_network(saved: dict, network, recorder, clock) -> None:
+    clock.now = saved["now"]
+    ledger = network.ledger
+    for src, dst, free_at, last_start, last_arrival, bad, rng, corrupt, counters in saved["links"]:
+        link = network.links[src, dst]
+        link.free_at, link.last_start, link.last_arrival, link.loss_state.bad = free_at, last_start, last_arrival, bad
+        if rng is not None:
+            set_random_state(link.rng, rng)
+        if corrupt is not None:
+            link._corrupt_rng = network.seeds.numpy("link.corrupt", src, dst)
+            set_numpy_state(link._corrupt_rng, corrupt)
+        link.counters[:] = counters  # the ledger's row: the link holds a reference to it
+    for capacity, free_at in zip((*network.uplinks, *network.downlinks), saved["uplinks"] + saved["downlinks"]):
+        capacity.free_at = free_at
+    for src, state in saved["wire_rngs"].items():
+        set_numpy_state(network._wire_rng(src), state)
+    ledger.node_rounds.clear()
+    for node, rnd, *counts in saved["node_rounds"]:
+        ledger.node_rounds[node, rnd] = NodeRound(*counts)
+    if saved["trace"] is not None:
+        ledger.trace[:] = [TraceRow(*row) for row in saved["trace"]]
+    for dst, messages in enumerate(saved["mailboxes"]):
+        network.mailboxes[dst].messages.extend(
+            Message(src, dst, kind, rnd, size, t_send, t_arrive, frame, trace=None if i is None else ledger.trace[i])
+            for src, kind, rnd, size, t_send, t_arrive, frame, i in messages)
+    rec = saved["recorder"]
+    recorder.rows = {(rnd, node): row for rnd, node, row in rec["rows"]}
+    recorder.done_through[:] = rec["done_through"]
+    recorder.alive = rec["alive"]
+    recorder.streams.clear()
+    recorder.streams.update(rec["streams"])
+
+
+# -- a node: its generators, its resident objects and what it carries
+
+class Residents:
+    """How resident objects become tensors and back (a model's state dict, a generator's state);
+    the application supplies it, as the emulator knows nothing of models."""
+
+    def __init__(self, save: Callable[[Any], dict | None], load: Callable[[Any, dict], None]):
+        self.save, self.load = save, load
+
+
+def capture_node(node, executor, residents: Residents, tensors: dict) -> dict:
+    """A node's part of the state; its resident objects' tensors go into `tensors`."""
+    kept = []
+    for (owner, key), obj in executor.store.items():
+        saved = residents.save(obj) if owner == node.id else None
+        if saved is not None:
+            kept.append(key)
+            tensors.update({f"{node.id}/{key}/{name}": t for name, t in saved.items()})
+    carried = node._carried
+    return {"rng": random_state(node._rng), "np_rng": numpy_state(node._np_rng), "keys": node._context.compute.keys(node.id),
+            "residents": kept, "carried": None if carried is None else bytes(wire.encode(_plain(vars(carried))))}
+
+
+def restore_node(node, saved: dict, tensors: dict, executor, residents: Residents) -> None:
+    """Put a node's saved state back, once its protocol has set up (so its resident objects exist)."""
+    if saved["rng"] is not None:
+        set_random_state(node.rng, saved["rng"])
+    if saved["np_rng"] is not None:
+        set_numpy_state(node.np_rng, saved["np_rng"])
+    for key in saved["residents"]:
+        prefix = f"{node.id}/{key}/"
+        residents.load(executor.store[node.id, key],
+                       {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)})
+    node._context.compute.set_keys(node.id, saved["keys"])
+
+
+class Resume:
+    """A run continuing from a checkpoint: each node's part, put back as the node comes to it."""
+
+    def __init__(self, saved: dict, tensors: dict, executor, residents: Residents):
+        self.round, self.nodes = saved["round"], saved["nodes"]
+        self.tensors, self.executor, self.residents = tensors, executor, residents
+
+    def refill(self, node, state) -> None:
+        """What the node carried, back into its fresh state object."""
+        for name, value in carried_fields(self.nodes[node.id], node.id).items():
+            setattr(state, name, value)
+
+    def restore(self, node) -> None:
+        restore_node(node, self.nodes[node.id], self.tensors, self.executor, self.residents)
+
+
+def carried_fields(saved: dict, node_id: int) -> dict:
+    """The fields of what a node carries, as saved (its resident handles made handles again)."""
+    return _handles(wire.decode(saved["carried"]), node_id)
+
+
+def _plain(value):
+    """Resident handles as [marker, key, path...], for the wire codec."""
+    if isinstance(value, Resident):
+        return {"resident": [value.key, value.length, *value.path]}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _handles(value, node_id: int):
+    if isinstance(value, dict):
+        if value.keys() == {"resident"}:
+            key, length, *path = value["resident"]
+            return Resident(node_id, key, tuple(path), length)
+        return {k: _handles(v, node_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_handles(v, node_id) for v in value]
+    return value
