@@ -154,6 +154,13 @@ class RunDirWriter:
             write(fh)
         os.replace(partial, self.out_dir / name)
 
+    def keep_lines(self, name: str, count: int) -> None:
+        """Cut `name` back to its first `count` lines (a resumed run writes the rest again)."""
+        path = self.out_dir / name
+        if path.exists():
+            lines = path.read_bytes().split(b"\n")[:count]
+            self.replace(name, lambda fh: fh.write("".join(line.decode() + "\n" for line in lines)))
+
     def close(self, name: str | None = None) -> None:
         for key in [name] if name is not None else list(self._appending):
             fd = self._appending.pop(key, None)

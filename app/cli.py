@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from emulator import wire
@@ -151,20 +152,48 @@ def _main(argv: list[str]) -> int:
     if "--version" in argv:
         print(f"emulate {__version__}")
         return 0
+    if argv[:1] == ["resume"]:
+        return _reported(lambda: _resume(argv[1:]))
+    return _reported(lambda: _run(argv))
+
+
+def _run(argv: list[str]) -> int:
+    registry = protocols()
+    if "--list-protocols" in argv:
+        print(protocol_list(registry))
+        return 0
+    if "-h" in argv or "--help" in argv:
+        named, _ = _chosen_protocol([a for a in argv if a not in ("-h", "--help")])
+        if named is not None and named not in registry:
+            raise UsageError(f"--protocol {named!r}: unknown; choose one of {', '.join(registry)}")
+        print(build_parser(registry, named).format_help() if named else full_help(registry))
+        return 0
+    config, options = resolve(argv, registry)
+    wire.keep_large_frames_in_the_heap()
+    execute(config, options, registry[config.protocol], out_dir(config))
+    return 0
+
+
+def _resume(argv: list[str]) -> int:
+    """emulate resume RUN_DIR: continue a run from its checkpoint, with the settings in its config.yaml."""
+    if len(argv) != 1 or argv[0].startswith("-"):
+        raise UsageError("usage: emulate resume RUN_DIR")
+    run_dir = Path(argv[0])
+    if (run_dir / "summary.json").exists():
+        raise UsageError(f"{run_dir}: the run finished (summary.json is there); nothing to resume")
+    if not (run_dir / "config.yaml").is_file():
+        raise UsageError(f"{run_dir}: not a run directory (no config.yaml)")
+    registry = protocols()
+    config, options = cfg.resolve(cfg.read_config_file(str(run_dir / "config.yaml")), registry)
+    wire.keep_large_frames_in_the_heap()
+    execute(config, options, registry[config.protocol], run_dir, resume=True)
+    return 0
+
+
+def _reported(body) -> int:
+    """body(), with its failures reported in one line and the exit code they call for."""
     try:
-        registry = protocols()
-        if "--list-protocols" in argv:
-            print(protocol_list(registry))
-            return 0
-        if "-h" in argv or "--help" in argv:
-            named, _ = _chosen_protocol([a for a in argv if a not in ("-h", "--help")])
-            if named is not None and named not in registry:
-                raise UsageError(f"--protocol {named!r}: unknown; choose one of {', '.join(registry)}")
-            print(build_parser(registry, named).format_help() if named else full_help(registry))
-            return 0
-        config, options = resolve(argv, registry)
-        wire.keep_large_frames_in_the_heap()
-        execute(config, options, registry[config.protocol], out_dir(config))
+        return body()
     except (UsageError, UnitError) as exc:
         print(f"emulate: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -186,7 +215,6 @@ def _main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("emulate: interrupted; the run directory is incomplete", file=sys.stderr)
         return 130
-    return 0
 
 
 if __name__ == "__main__":

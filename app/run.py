@@ -28,6 +28,7 @@ from analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
 from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
+from emulator.checkpoint import Checkpoints
 from emulator.compute import BatchedExecutor, Compute, ThreadExecutor, peak_rss
 from emulator.emulation import Emulation
 from emulator.errors import UsageError
@@ -36,7 +37,7 @@ from emulator.network import Network
 from emulator.protocol import Environment, Protocol, protocols
 from emulator.seeds import Seeds
 
-from . import __version__
+from . import __version__, checkpoints
 from . import scenario as scenarios
 from . import settings as cfg
 from .stream import RunStream
@@ -110,7 +111,7 @@ def build_topology(config: cfg.RunConfig):
 
 def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                     executor, scenario: dynamics.Scenario | None = None,
-                    on_round=lambda rnd, now: None) -> Emulation:
+                    on_round=lambda rnd, now: None, checkpoints: Checkpoints | None = None) -> Emulation:
     """The clock, network, compute and availability the settings ask for, and the emulation over them."""
     n = graph.number_of_nodes()
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
@@ -130,7 +131,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
         availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                         if scenario.nodes_change else None)
         compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
-        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round)
+        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round, checkpoints)
     except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
         clock.loop.close()
         raise
@@ -155,14 +156,21 @@ def _adversaries(config: cfg.RunConfig, n: int, seeds: Seeds) -> Adversaries | N
     return Adversaries(spec, n, seeds) if spec is not None else None
 
 
-def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path) -> RunResult:
+def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path, resume: bool = False) -> RunResult:
+    """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint."""
     console = Console(stderr=True, quiet=config.quiet)
     digest = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
+    if config.checkpoint_every and not protocol_cls.checkpoints:
+        raise UsageError(f"--checkpoint-every {config.checkpoint_every}: protocol {config.protocol} does not declare "
+                         "what its nodes carry between rounds yet, so it cannot be checkpointed")
     graph, schedule = build_topology(config)
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
+    written = cfg.config_hash(config, options)  # of the settings as config.yaml holds them: what resume checks
+    saved = checkpoints.read(out_dir / checkpoints.NAME, written) if resume else None
     existed = out_dir.exists()
-    prepare_out_dir(out_dir, config.overwrite)
+    if not resume:
+        prepare_out_dir(out_dir, config.overwrite)
     writer = RunDirWriter(out_dir)
     progress, task = _progress(console, config)  # shown once the rounds start
 
@@ -170,20 +178,31 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         stream.round_closed(rnd)
         progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
+    def save(rnd: int, state: dict, tensors: dict) -> None:
+        checkpoints.write(out_dir / checkpoints.NAME, written, rnd, {**state, "stream": stream.position()}, tensors)
+
     with writer, contextlib.ExitStack() as resources:
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
-            writer.config({**asdict(config), **asdict(options)})
+            if not resume:
+                writer.config({**asdict(config), **asdict(options)})
             env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
                               state_in_process=config.executor != "ray")
             protocol = protocol_cls(options, env)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
-            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round)
+            plan = None
+            if config.checkpoint_every:
+                plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save,
+                                   *(saved[1:] if saved is not None else ()))
+            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan)
         except UsageError:
             resources.close()
             writer.close()
-            _discard(out_dir, existed)
+            if not resume:
+                _discard(out_dir, existed)
             raise
         stream = RunStream(writer, emulation)
+        if saved is not None:
+            stream.resume_at(saved[1]["stream"])
         start, cpu = time.perf_counter(), time.process_time()
         try:
             with progress:
@@ -194,6 +213,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
         summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest,
+                   **_checkpoint_summary(config, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots:
@@ -206,6 +226,15 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
+
+
+def _checkpoint_summary(config: cfg.RunConfig, emulation: Emulation) -> dict:
+    """K, the barriers met and the emulated seconds they held nodes back (their first arrival to their release)."""
+    if not config.checkpoint_every:
+        return {}
+    barrier = emulation.barrier
+    return {"checkpoints": {"every": config.checkpoint_every, "barriers": barrier.count,
+                            "barrier_seconds": barrier.idle_seconds}}
 
 
 def _discard(out_dir: Path, keep_directory: bool) -> None:

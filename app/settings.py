@@ -72,6 +72,7 @@ class RunConfig:
     ray_workers: int = 0
     ray_cpus_per_worker: float = 1.0
     ray_gpus_per_worker: float = 0.0
+    checkpoint_every: int = 0
     out: str = ""
     overwrite: bool = False
     trace: bool = False
@@ -129,6 +130,8 @@ HELP = {
                    "CPUs and GPUs hold at --ray-cpus/gpus-per-worker, at most one per node)",
     "ray_cpus_per_worker": "ray: CPUs each worker reserves (also its torch threads)",
     "ray_gpus_per_worker": "ray: GPUs each worker reserves; a fraction (0.25) lets workers share a GPU",
+    "checkpoint_every": "every K rounds, all nodes meet at a barrier and RUN_DIR/checkpoint is written; "
+                        "`emulate resume RUN_DIR` continues a killed run from it (0: never)",
     "out": "run directory (default: runs/<time>-<protocol>-<topology>); it must not hold files yet",
     "overwrite": "clear an --out directory that holds files (an earlier run) before writing",
     "trace": "write messages.jsonl with one row per message",
@@ -296,6 +299,9 @@ def validate(config: RunConfig) -> None:
     _choice(config.device, DEVICES, "device")
     _choice(config.executor, EXECUTORS, "executor")
     check_ray(config)
+    _within("checkpoint_every", config.checkpoint_every, 0, MAX_ROUNDS)
+    if config.checkpoint_every:
+        check_checkpoints(config)
     if config.executor == "batched" and config.clock != "virtual":
         raise ConfigError("--executor batched: needs --clock virtual (it batches the jobs due when every node waits)")
     _choice(config.compress, COMPRESSIONS, "compress")
@@ -310,6 +316,20 @@ def validate(config: RunConfig) -> None:
         except units.UnitError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
     check_dynamics(config)
+
+
+# Settings whose state a checkpoint does not hold yet: a run with one of them is not checkpointed.
+NOT_CHECKPOINTED = {"clock": "virtual", "executor": ("thread", "batched"), "churn": "none", "crash": "none",
+                    "availability": "", "link_failures": "none", "partition_event": "", "topology_schedule": "none",
+                    "adversaries": "none"}
+
+
+def check_checkpoints(config: RunConfig) -> None:
+    for name, allowed in NOT_CHECKPOINTED.items():
+        value = getattr(config, name)
+        if value not in (allowed if isinstance(allowed, tuple) else (allowed,)):
+            raise ConfigError(f"{flag(name)} {value}: not with --checkpoint-every (a checkpoint does not hold "
+                              "its state yet)")
 
 
 def check_ray(config: RunConfig) -> None:

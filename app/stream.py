@@ -26,10 +26,13 @@ class RunStream:
         self.writer, self.emulation = writer, emulation
         self._streamed: dict[str, int] = {}  # node.record stream -> rows on disk
         self._traced = 0  # trace rows on disk
+        self._metric_rows = 0  # metrics.jsonl rows on disk
         self._next_snapshot = time.perf_counter() + SNAPSHOT_SECONDS
 
     def round_closed(self, rnd: int) -> None:
-        self.writer.append("metrics.jsonl", self.emulation.recorder.round_rows(rnd))
+        rows = self.emulation.recorder.round_rows(rnd)
+        self.writer.append("metrics.jsonl", rows)
+        self._metric_rows += len(rows)
         self._append_streams()
         self._append_trace()
         if time.perf_counter() >= self._next_snapshot:
@@ -43,6 +46,21 @@ class RunStream:
             self.writer.jsonl("availability.jsonl", emulation.availability.rows())
         end = time.perf_counter()
         self._next_snapshot = end + max(SNAPSHOT_SECONDS, SNAPSHOT_SHARE * (end - start))
+
+    def position(self) -> dict:
+        """How many rows of each streamed file are on disk (and the writer's null counts): a checkpoint keeps it."""
+        return {"metrics": self._metric_rows, "streams": dict(self._streamed), "traced": self._traced,
+                "nulled": self.writer.nulled}
+
+    def resume_at(self, position: dict) -> None:
+        """Cut each streamed file back to its rows at the checkpoint (later ones are written again)."""
+        self._metric_rows, self._traced = position["metrics"], position["traced"]
+        self._streamed = dict(position["streams"])
+        self.writer.nulled = position["nulled"]
+        self.writer.keep_lines("metrics.jsonl", self._metric_rows)
+        self.writer.keep_lines("messages.jsonl", self._traced)
+        for name, rows in self._streamed.items():
+            self.writer.keep_lines(f"{name}.jsonl", rows)
 
     def finish(self, rows: list[dict], summary: dict) -> None:
         self.writer.jsonl("metrics.jsonl", rows)

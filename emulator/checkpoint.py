@@ -57,9 +57,9 @@ class Barrier:
         await waiter
 
     def _release(self, rnd: int) -> None:
-        self.save(rnd)
         self.idle_seconds += self.clock.now - self.first_arrival
         self.count += 1
+        self.save(rnd)
         waiting, self.waiting = self.waiting, {}
         for node in sorted(waiting):
             waiting[node].set_result(None)
@@ -161,7 +161,9 @@ def capture_node(node, executor, residents: Residents, tensors: dict) -> dict:
             kept.append(key)
             tensors.update({f"{node.id}/{key}/{name}": t for name, t in saved.items()})
     carried = node._carried
-    return {"rng": random_state(node._rng), "np_rng": numpy_state(node._np_rng), "keys": node._context.compute.keys(node.id),
+    generator = node._torch_generator
+    return {"rng": random_state(node._rng), "np_rng": numpy_state(node._np_rng),
+            "torch_generator": None if generator is None else generator.key, "keys": node._context.compute.keys(node.id),
             "residents": kept, "carried": None if carried is None else bytes(wire.encode(_plain(vars(carried))))}
 
 
@@ -171,6 +173,8 @@ def restore_node(node, saved: dict, tensors: dict, executor, residents: Resident
         set_random_state(node.rng, saved["rng"])
     if saved["np_rng"] is not None:
         set_numpy_state(node.np_rng, saved["np_rng"])
+    if saved["torch_generator"] is not None and node._torch_generator is None:
+        node.keep_torch_generator(saved["torch_generator"])  # made on first use: maybe not yet, in a resumed run
     for key in saved["residents"]:
         prefix = f"{node.id}/{key}/"
         residents.load(executor.store[node.id, key],

@@ -31,6 +31,7 @@ class Emulation:
             self.barrier = Barrier(checkpoints.every, clock, lambda: self.recorder.alive, self._save)
             if checkpoints.saved is not None:
                 resume = Resume(checkpoints.saved, checkpoints.tensors, compute.executor, checkpoints.residents)
+                self.barrier.count, self.barrier.idle_seconds = checkpoints.saved["barrier"]
                 restore_network(checkpoints.saved["network"], network, self.recorder, clock)
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
                       for i in range(n)]
@@ -42,7 +43,8 @@ class Emulation:
         """The state at round rnd's barrier, to the checkpoint writer."""
         tensors: dict = {}
         nodes = [capture_node(node, self.compute.executor, self.checkpoints.residents, tensors) for node in self.nodes]
-        saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes}
+        saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes,
+                 "barrier": [self.barrier.count, self.barrier.idle_seconds]}
         self.checkpoints.write(rnd, saved, tensors)
 
     def _crash(self, node: int) -> None:

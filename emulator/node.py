@@ -83,6 +83,13 @@ class Node:
             self._torch_generator = self.keep(generator)
         return self._torch_generator
 
+    def keep_torch_generator(self, key: int) -> None:
+        """The node's torch generator, made now under handle `key` (a resumed run puts its state back)."""
+        import torch
+
+        self._context.compute.executor.keep(self.id, key, torch.Generator())
+        self._torch_generator = Resident(self.id, key)
+
     # -- where and when ---------------------------------------------------
     @property
     def neighbours(self) -> list[int]:

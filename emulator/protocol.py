@@ -56,6 +56,8 @@ class Environment:
 class Protocol:
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    # Whether each node keeps what it carries between rounds in node.carry(...) (then --checkpoint-every works).
+    checkpoints: ClassVar[bool] = False
 
     def __init__(self, options: Any, env: Environment):
         self.options, self.env = options, env

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from emulator.compute import physical_memory
+from emulator.compute import Resident, physical_memory
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
@@ -318,6 +318,12 @@ class LearningProtocol(Protocol):
             return {}
         mean = torch.stack(list(vectors.values())).mean(0)
         return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
+
+
+@dataclass
+class CarriedModel:
+    """What a node of a model-only protocol carries from round to round (node.carry): its model."""
+    model: Resident
 
 
 def keep_data(node, data: NodeTensors) -> NodeTensors:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from emulator.protocol import register
 from workloads.training import aggregate, mix
 
-from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, degree_weights, like, own_row
+from .common import DEGREE, STATE, CarriedModel, LearningProtocol, RobustMixingOptions, SGDOptions, degree_weights, like, own_row
 
 
 @dataclass
@@ -32,9 +32,11 @@ class DFedAvgM(LearningProtocol):
     """DFedAvgM: local momentum SGD, then Metropolis-Hastings model averaging."""
     Options = DFedAvgMOptions
     averages_models = True
+    checkpoints = True
 
     async def run(self, node):
         model, data = self.hold(node)
+        node.carry(CarriedModel(model))  # x_i; the momentum buffer starts fresh each round
         async for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
             heard_from = await self.average(node, model)  # 2-3

@@ -32,10 +32,17 @@ class GossipOptions(MixingOptions):
         check("dim", self.dim, self.dim >= 1, "must be at least 1")
 
 
+@dataclass
+class Carried:
+    """What a node carries from round to round: its value x_i."""
+    x: np.ndarray
+
+
 @register("gossip")
 class Gossip(Protocol):
     """Gossip averaging of a vector (no model); converges to the mean."""
     Options = GossipOptions
+    checkpoints = True
 
     def __init__(self, options, env):
         super().__init__(options, env)
@@ -49,8 +56,9 @@ class Gossip(Protocol):
         return self.env.seeds.numpy("gossip.initial", node_id).normal(size=self.options.dim)
 
     async def run(self, node):
-        x = self.initial(node.id)
+        state = node.carry(Carried(self.initial(node.id)))
         async for _ in node.rounds():
+            x = state.x
             degree = len(node.in_neighbours)
             node.broadcast("x", {"x": x, DEGREE: degree})
             heard = await node.gather("x", timeout=self.options.timeout, valid=self.valid)
@@ -59,8 +67,8 @@ class Gossip(Protocol):
             mixed = x.copy()
             for w, j in row:
                 mixed += w * (heard[j].body["x"] - x)
-            x = mixed
-            node.snapshot(x)
+            state.x = mixed
+            node.snapshot(mixed)
             node.log(heard_from=len(heard))
 
     def observe(self, rnd, snapshots):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import mix
@@ -48,17 +49,26 @@ def merge_weight(how: str, age: int, other_age: int) -> float:
     return 0.5
 
 
+@dataclass
+class Carried:
+    """What a node carries from round to round: its model and the model's age."""
+    model: Resident
+    age: int
+
+
 @register("gossip-learning")
 class GossipLearning(LearningProtocol):
     """Gossip learning: push the model to one random neighbour, merge what arrives, train."""
     Options = GossipLearningOptions
     averages_models = True
+    checkpoints = True
 
     async def run(self, node):
         o = self.options
         model, data = self.hold(node)
-        age = 0
+        state = node.carry(Carried(model, age=0))
         async for _ in node.rounds():
+            age = state.age
             deadline = node.now() + o.period
             body = {STATE: await self.state(node, model), "age": age}
             if node.neighbours:
@@ -73,5 +83,6 @@ class GossipLearning(LearningProtocol):
             if heard or not o.train_on_receipt_only:
                 trained = {"train_loss": await self.train(node, model, data)}
                 age += 1
+            state.age = age
             node.snapshot(await self.state(node, model))
             node.log(**trained, **await self.evaluate(node, model, data), heard_from=heard)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from emulator.protocol import register
 
-from .common import LearningProtocol, SGDOptions, default
+from .common import CarriedModel, LearningProtocol, SGDOptions, default
 
 
 @dataclass
@@ -17,10 +17,12 @@ class LocalOptions(SGDOptions):
 class Local(LearningProtocol):
     """Local training only; sends nothing."""
     Options = LocalOptions
+    checkpoints = True
     state_copies = 1.0
 
     async def run(self, node):
         model, data = self.hold(node)
+        node.carry(CarriedModel(model))
         async for _ in node.rounds():
             loss = await self.train(node, model, data)
             node.log(train_loss=loss, **await self.evaluate(node, model, data))

@@ -17,18 +17,27 @@ class PushSumOptions:
     timeout: float = field(default=5.0, metadata={"help": "emulated seconds to wait per round"})
 
 
+@dataclass
+class Carried:
+    """What a node carries from round to round: its sum s_i and weight w_i."""
+    s: float
+    w: float
+
+
 @register("push-sum")
 class PushSum(Protocol):
     """Push-sum averaging of one number."""
     Options = PushSumOptions
+    checkpoints = True
 
     async def run(self, node):
-        s, w = float(node.id), 1.0
+        state = node.carry(Carried(float(node.id), 1.0))
         async for _ in node.rounds():
             share = 1 / (len(node.neighbours) + 1)
-            body = [s * share, w * share]
+            body = [state.s * share, state.w * share]
             node.broadcast("sw", body)
             s, w = body
             for msg in (await node.gather("sw", timeout=self.options.timeout, valid=like(body))).values():
                 s, w = s + msg.body[0], w + msg.body[1]
+            state.s, state.w = s, w
             node.log(estimate=s / w)

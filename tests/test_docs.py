@@ -273,6 +273,8 @@ def parse_error(argv: list[str], plugins: dict[str, type] | None = None) -> str 
         return None
     if "--list-protocols" in argv or "--version" in argv:
         return None
+    if argv[:1] == ["resume"]:  # a run directory a page's earlier command made
+        return None if len(argv) == 2 else "emulate: error: usage: emulate resume RUN_DIR"
     try:
         if "-h" in argv or "--help" in argv:
             named, _ = cli._chosen_protocol([a for a in argv if a not in ("-h", "--help")])

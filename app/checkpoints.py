@@ -1,0 +1,75 @@
+"""A run's checkpoint file: written at each barrier, read by `emulate resume RUN_DIR`.
+
+One file, RUN_DIR/checkpoint, replaced whole at each barrier (written under a temporary
+name, flushed, then renamed). Its layout: a magic line, the SHA-256 of the rest, then a
+msgpack map of the digest of the run's settings, the round it resumes at, the emulator's
+state (plain data) and the nodes' tensors as one safetensors blob. No pickle anywhere.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import msgpack
+
+from emulator.checkpoint import Residents
+from emulator.errors import UsageError
+
+NAME = "checkpoint"
+MAGIC = b"p2p-emulator checkpoint 1\n"
+
+
+def write(path: Path, digest: str, rnd: int, state: dict, tensors: dict) -> None:
+    from safetensors.torch import save
+
+    payload = msgpack.packb({"digest": digest, "round": rnd, "state": state, "tensors": save(tensors)},
+                            use_bin_type=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as fh:
+        fh.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(partial, path)
+
+
+def read(path: Path, digest: str) -> tuple[int, dict, dict]:
+    """(round, state, tensors) of a checkpoint that is whole and belongs to settings with `digest`;
+    a UsageError naming the problem otherwise."""
+    from safetensors.torch import load
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"{path.parent}: no checkpoint to resume from (run it with --checkpoint-every K)") from None
+    head, payload = data[:len(MAGIC) + 32], data[len(MAGIC) + 32:]
+    if not head.startswith(MAGIC) or hashlib.sha256(payload).digest() != head[len(MAGIC):]:
+        raise UsageError(f"{path}: fails its checksum (damaged or cut short); it cannot be resumed from")
+    saved = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if saved["digest"] != digest:
+        raise UsageError(f"{path}: was written for other settings than {path.parent / 'config.yaml'} "
+                         "(changed since, or a checkpoint of another run)")
+    return saved["round"], saved["state"], load(saved["tensors"])
+
+
+def _save_resident(obj) -> dict | None:
+    """A resident object's tensors: a module's state dict, a generator's state; None for data (rebuilt)."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        return {name: t.detach().clone().contiguous() for name, t in obj.state_dict().items()}
+    if isinstance(obj, torch.Generator):
+        return {"state": obj.get_state()}
+    return None
+
+
+def _load_resident(obj, tensors: dict) -> None:
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        obj.load_state_dict(tensors)
+    else:
+        obj.set_state(tensors["state"])
+
+
+RESIDENTS = Residents(_save_resident, _load_resident)
