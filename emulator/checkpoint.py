@@ -190,9 +190,8 @@ class Resume:
         self.tensors, self.executor, self.residents = tensors, executor, residents
 
     def refill(self, node, state) -> None:
-        """What the node carried, back into its fresh state object."""
-        for name, value in carried_fields(self.nodes[node.id], node.id).items():
-            setattr(state, name, value)
+        """What the node carried, back into its fresh state object (an object field: into that object)."""
+        _refill(state, carried_fields(self.nodes[node.id], node.id))
 
     def restore(self, node) -> None:
         restore_node(node, self.nodes[node.id], self.tensors, self.executor, self.residents)
@@ -203,10 +202,24 @@ def carried_fields(saved: dict, node_id: int) -> dict:
     return _handles(wire.decode(saved["carried"]), node_id)
 
 
+def _refill(obj, fields: dict) -> None:
+    for name, value in fields.items():
+        if isinstance(value, dict) and value.keys() == {OBJECT}:
+            _refill(getattr(obj, name), value[OBJECT])
+        else:
+            setattr(obj, name, value)
+
+
+RESIDENT, OBJECT = "__resident__", "__object__"
+
+
 def _plain(value):
-    """Resident handles as [marker, key, path...], for the wire codec."""
+    """Resident handles as {RESIDENT: [key, length, path...]}, other objects as {OBJECT: their fields},
+    for the wire codec."""
     if isinstance(value, Resident):
-        return {"resident": [value.key, value.length, *value.path]}
+        return {RESIDENT: [value.key, value.length, *value.path]}
+    if hasattr(value, "__dict__") and not isinstance(value, type) and not type(value).__module__.startswith("torch"):
+        return {OBJECT: _plain(vars(value))}
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -216,8 +229,8 @@ def _plain(value):
 
 def _handles(value, node_id: int):
     if isinstance(value, dict):
-        if value.keys() == {"resident"}:
-            key, length, *path = value["resident"]
+        if value.keys() == {RESIDENT}:
+            key, length, *path = value[RESIDENT]
             return Resident(node_id, key, tuple(path), length)
         return {k: _handles(v, node_id) for k, v in value.items()}
     if isinstance(value, list):

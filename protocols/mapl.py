@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from rich import box
 from rich.table import Table
 
+from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
@@ -174,6 +175,14 @@ def learn_row(w: torch.Tensor, s: torch.Tensor, gamma: torch.Tensor, o: MapLOpti
     return w.detach()
 
 
+@dataclass
+class Carried:
+    """What a node carries from round to round: its model, its prototypes xi_i and its row w_i of W."""
+    model: Resident
+    prototypes: torch.Tensor
+    row: "CollaborationRow"
+
+
 class CollaborationRow:
     """Node i's row w_i of W, over itself and the neighbours it still talks to (i first)."""
 
@@ -250,6 +259,7 @@ def classifier_weight(model) -> torch.Tensor:
 class MAPL(LearningProtocol):
     """MAPL: heterogeneous models aligned by shared prototypes, with a learned collaboration graph."""
     Options = MapLOptions
+    checkpoints = True
     state_copies = 3.0
     averages_backbones = False
 
@@ -268,11 +278,12 @@ class MAPL(LearningProtocol):
         views = await node.compute(augment.TwoViews, self.workload.dataset.shape, node.torch_generator,
                                    scale=(o.crop_scale, 1.0), work=0, keep=True)
         neighbours = list(node.neighbours)
-        row = CollaborationRow(node.id, neighbours, len(data.train_y))
         valid = await self.expected(node, model, prototypes)
+        state = node.carry(Carried(model, prototypes, CollaborationRow(node.id, neighbours, len(data.train_y))))
+        row = state.row
         async for r in node.rounds():
             loss, prototypes = await node.compute(
-                pml.personalised_learning, model, prototypes, data.train_x, data.train_y, views, self.stats,
+                pml.personalised_learning, model, state.prototypes, data.train_x, data.train_y, views, self.stats,
                 epochs=o.local_epochs, batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1,
                 weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
                 work=2 * o.local_epochs * len(data.train_y))  # two views per sample
@@ -287,7 +298,7 @@ class MAPL(LearningProtocol):
             row.hear(heard)
             if learn_graph:
                 row.learn(body["classifier"], o)
-            prototypes = row.mix(prototypes, {j: m.body["prototypes"] for j, m in heard.items()})
+            state.prototypes = row.mix(prototypes, {j: m.body["prototypes"] for j, m in heard.items()})
             if self.averages_backbones:
                 self_weight, others = row.mixing(heard)
                 received = [(w, heard[j].body["backbone"]) for w, j in others]

@@ -26,6 +26,10 @@ RUNS = {
     "gossip": dict(protocol="gossip", topology="er:p=0.4", nodes=12, rounds=7, seed=4, loss="0.2"),
     "push-sum": dict(protocol="push-sum", topology="ring", nodes=9, rounds=5, seed=5, latency="normal:mean=20ms,std=5ms"),
     "dpsgd": dict(protocol="dpsgd", topology="torus", nodes=9, rounds=4, model="mlp:hidden=16", seed=6),
+    "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
+                 local_epochs=1, t_thr=1, seed=7),
+    "mapl+": dict(protocol="mapl+", topology="ring", nodes=6, rounds=4, model="mlp:hidden=16", local_epochs=1, t_thr=2,
+                  seed=8),
 }
 
 
