@@ -20,11 +20,13 @@ NAME = "checkpoint"
 MAGIC = b"p2p-emulator checkpoint 1\n"
 
 
-def write(path: Path, digest: str, rnd: int, state: dict, tensors: dict) -> None:
+def write(path: Path, digest: str, config_hash: str, rnd: int, state: dict, tensors: dict) -> None:
+    """digest: of the settings as config.yaml holds them (what resume checks); config_hash: summary.json's
+    (what a sweep compares with its point's settings)."""
     from safetensors.torch import save
 
-    payload = msgpack.packb({"digest": digest, "round": rnd, "state": state, "tensors": save(tensors)},
-                            use_bin_type=True)
+    payload = msgpack.packb({"digest": digest, "config_hash": config_hash, "round": rnd, "state": state,
+                             "tensors": save(tensors)}, use_bin_type=True)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as fh:
         fh.write(MAGIC + hashlib.sha256(payload).digest() + payload)
@@ -38,6 +40,25 @@ def read(path: Path, digest: str) -> tuple[int, dict, dict]:
     a UsageError naming the problem otherwise."""
     from safetensors.torch import load
 
+    saved = _whole(path)
+    if saved["digest"] != digest:
+        raise UsageError(f"{path}: was written for other settings than {path.parent / 'config.yaml'} "
+                         "(changed since, or a checkpoint of another run)")
+    return saved["round"], saved["state"], load(saved["tensors"])
+
+
+def resumable(run_dir: Path, config_hash: str) -> bool:
+    """Whether run_dir holds an unfinished run of these settings with a whole checkpoint (a sweep resumes it)."""
+    if (run_dir / "summary.json").exists():
+        return False
+    try:
+        return _whole(run_dir / NAME)["config_hash"] == config_hash
+    except UsageError:
+        return False
+
+
+def _whole(path: Path) -> dict:
+    """The checkpoint's map, once its checksum holds."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -45,11 +66,7 @@ def read(path: Path, digest: str) -> tuple[int, dict, dict]:
     head, payload = data[:len(MAGIC) + 32], data[len(MAGIC) + 32:]
     if not head.startswith(MAGIC) or hashlib.sha256(payload).digest() != head[len(MAGIC):]:
         raise UsageError(f"{path}: fails its checksum (damaged or cut short); it cannot be resumed from")
-    saved = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    if saved["digest"] != digest:
-        raise UsageError(f"{path}: was written for other settings than {path.parent / 'config.yaml'} "
-                         "(changed since, or a checkpoint of another run)")
-    return saved["round"], saved["state"], load(saved["tensors"])
+    return msgpack.unpackb(payload, raw=False, strict_map_key=False)
 
 
 def _save_resident(obj) -> dict | None:

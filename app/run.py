@@ -179,7 +179,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
     def save(rnd: int, state: dict, tensors: dict) -> None:
-        checkpoints.write(out_dir / checkpoints.NAME, written, rnd, {**state, "stream": stream.position()}, tensors)
+        checkpoints.write(out_dir / checkpoints.NAME, written, digest, rnd, {**state, "stream": stream.position()},
+                          tensors)
 
     with writer, contextlib.ExitStack() as resources:
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
@@ -234,7 +235,7 @@ def _checkpoint_summary(config: cfg.RunConfig, emulation: Emulation) -> dict:
         return {}
     barrier = emulation.barrier
     return {"checkpoints": {"every": config.checkpoint_every, "barriers": barrier.count,
-                            "barrier_seconds": barrier.idle_seconds}}
+                            "barrier_seconds": barrier.idle_seconds, "write_seconds": round(barrier.write_seconds, 6)}}
 
 
 def _discard(out_dir: Path, keep_directory: bool) -> None:

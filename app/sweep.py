@@ -55,7 +55,7 @@ from emulator.protocol import protocols
 from emulator import units
 from emulator.units import UnitError
 
-from . import cli
+from . import checkpoints, cli
 from . import settings as cfg
 from .live import StudyView
 from .runners import INTERRUPTED, InProcess, Job, Outcome, RayTasks, Resources, WorkerProcesses
@@ -253,6 +253,14 @@ def is_current(out: Path, argv: list[str]) -> bool:
     return summary.get("config_hash") == cfg.config_hash(config, options)
 
 
+def resume_or_run(out: Path, point: Point) -> list[str]:
+    """`emulate` arguments for a point: resume an interrupted run of its settings from its checkpoint, or run it."""
+    config, options = cli.resolve([*flags(point.settings), "--out", str(out)], protocols())
+    if checkpoints.resumable(out, cfg.config_hash(config, options)):
+        return ["resume", str(out)]
+    return point.argv(out)
+
+
 def run_once(out: Path, argv: list[str]) -> dict:
     """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run of these settings;
     its summary."""
@@ -270,7 +278,12 @@ def run_all(grid: Grid, runs: list[Point], rounds: dict[str, int], runner, conso
     for point in todo:
         if is_finished(grid.out / point.name):
             console.print(f"[yellow]rerun {point.name}: its settings changed since it ran", highlight=False)
-    queue = [Job(p.name, p.argv(grid.out / p.name), grid.out / p.name, rounds[p.name]) for p in todo]
+    queue = []
+    for point in todo:
+        argv = resume_or_run(grid.out / point.name, point)
+        if argv[0] == "resume":
+            console.print(f"[yellow]resume {point.name} from its checkpoint", highlight=False)
+        queue.append(Job(point.name, argv, grid.out / point.name, rounds[point.name]))
     view = StudyView(console, len(runs), len(runs) - len(todo), len(queue), runner.slots, runner.rounds)
     try:
         with view:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ class Barrier:
         self.first_arrival = 0.0
         self.idle_seconds = 0.0  # emulated time between each barrier's first arrival and its release, summed
         self.count = 0
+        self.write_seconds = 0.0  # wall time taking and writing the checkpoints
 
     def due(self, rnd: int) -> bool:
         return self.every > 0 and rnd > 0 and rnd % self.every == 0
@@ -59,7 +61,9 @@ class Barrier:
     def _release(self, rnd: int) -> None:
         self.idle_seconds += self.clock.now - self.first_arrival
         self.count += 1
+        start = time.perf_counter()
         self.save(rnd)
+        self.write_seconds += time.perf_counter() - start
         waiting, self.waiting = self.waiting, {}
         for node in sorted(waiting):
             waiting[node].set_result(None)

@@ -20,7 +20,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import load_state, mix
 
-from .common import STATE, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data, positive_int
+from .common import STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data, positive_int
 
 
 @dataclass
@@ -69,6 +69,7 @@ def average(model, updates: list[tuple[int, dict]]) -> None:
 class FedAvg(LearningProtocol):
     """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
     Options = FedAvgOptions
+    checkpoints = True
     averages_models = True
 
     def __init__(self, options, env):
@@ -95,6 +96,7 @@ class FedAvg(LearningProtocol):
         o = self.options
         model = node.keep(self.workload.model(0))  # the common start x0
         test = self._global_test(node) if self.workload.test_set == "global" else None
+        node.carry(CarriedModel(model))
         async for _ in node.rounds():
             reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
             sampled = self._sample(node, reachable)
@@ -120,7 +122,8 @@ class FedAvg(LearningProtocol):
         model, data = self.hold(node, self.part[node.id])
         # the server's model has the clients' architecture
         model_body = expects(**{STATE: await self.state(node, model)})
-        message = None
+        node.carry(CarriedModel(model))
+        message = None  # the server's model for this round, taken anew each round (none is ahead at a barrier)
         async for _ in node.rounds():
             if message is None or message.round < node.round:
                 message = await self._next_model(node, model_body)

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from app import runners
 from app.cli import main
 from app.run import run
 from tests.conftest import assert_one_line_error
@@ -26,6 +28,8 @@ RUNS = {
     "gossip": dict(protocol="gossip", topology="er:p=0.4", nodes=12, rounds=7, seed=4, loss="0.2"),
     "push-sum": dict(protocol="push-sum", topology="ring", nodes=9, rounds=5, seed=5, latency="normal:mean=20ms,std=5ms"),
     "dpsgd": dict(protocol="dpsgd", topology="torus", nodes=9, rounds=4, model="mlp:hidden=16", seed=6),
+    "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
+                   clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
                  local_epochs=1, t_thr=1, seed=7),
     "mapl+": dict(protocol="mapl+", topology="ring", nodes=6, rounds=4, model="mlp:hidden=16", local_epochs=1, t_thr=2,
@@ -41,6 +45,7 @@ def _same_run_directories(a: Path, b: Path) -> None:
     first, second = (json.loads((d / "summary.json").read_text()) for d in (a, b))
     for summary in (first, second):
         summary.pop("wall_seconds"), summary.pop("executor")
+        summary.get("checkpoints", {}).pop("write_seconds", None)  # wall time
     assert first == second
 
 
@@ -119,6 +124,22 @@ def _checkpoint_round(path: Path) -> int:
         return -1
 
 
+def test_a_sweep_resumes_an_interrupted_run_from_its_checkpoint(tmp_path, monkeypatch):
+    grid = {"base": {**RUNS["push-sum"], "trace": True, "no_plots": True, "checkpoint_every": 2},
+            "grid": {"seed": [5, 6]}, "out": "runs/sweep"}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "--grid", "grid.yaml"]) == 0
+    done = tmp_path / "done"
+    shutil.copytree(tmp_path / "runs" / "sweep" / "seed=6", done)
+    (tmp_path / "runs" / "sweep" / "seed=6" / "summary.json").unlink()  # killed after its last checkpoint
+    started = []
+    monkeypatch.setattr(runners, "run_job", lambda argv, run=runners.run_job: started.append(argv) or run(argv))
+    assert main(["sweep", "--grid", "grid.yaml"]) == 0
+    assert started == [["resume", str(Path("runs/sweep/seed=6"))]]
+    _same_run_directories(done, tmp_path / "runs" / "sweep" / "seed=6")
+
+
 # -- refused, one line and exit 2
 
 @pytest.fixture
@@ -164,7 +185,7 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
     (["--checkpoint-every", "2", "--churn", "up=1s,down=1s"], "--churn"),
     (["--checkpoint-every", "2", "--clock", "real"], "--clock"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
-    (["--checkpoint-every", "2", "--protocol", "mapl"], "does not declare"),
+    (["--checkpoint-every", "2", "--protocol", "l2c"], "does not declare"),
 ])
 def test_runs_a_checkpoint_cannot_hold_are_refused(flags, named, tmp_path, capsys):
     assert main([*flags, "--rounds", "3", "--quiet", "--out", str(tmp_path / "r")]) == 2
