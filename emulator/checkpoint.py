@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from . import wire
 from .compute import Resident
+from .dynamics import EdgeFaults
 from .ledger import NodeRound, TraceRow
 from .network import Message
 
@@ -39,9 +40,11 @@ class Checkpoints:
 class Barrier:
     """Where the nodes wait before a checkpointed round."""
 
-    def __init__(self, every: int, clock, alive: Callable[[], int], save: Callable[[int], None]):
-        self.every, self.clock, self.alive, self.save = every, clock, alive, save
+    def __init__(self, every: int, clock, network, alive: Callable[[], int], save: Callable[[int], None]):
+        self.every, self.clock, self.network, self.alive, self.save = every, clock, network, alive, save
         self.waiting: dict[int, asyncio.Future] = {}
+        self.round: int | None = None  # the round the nodes wait to start
+        self.releasing = False
         self.first_arrival = 0.0
         self.idle_seconds = 0.0  # emulated time between each barrier's first arrival and its release, summed
         self.count = 0
@@ -52,13 +55,30 @@ class Barrier:
 
     async def wait(self, node: int, rnd: int) -> None:
         if not self.waiting:
-            self.first_arrival = self.clock.now
+            self.first_arrival, self.round = self.clock.now, rnd
         waiter = self.waiting[node] = self.clock.loop.create_future()
-        if len(self.waiting) == self.alive():
-            self.clock.when_idle(self._release, rnd)
+        self.check()
         await waiter
 
+    def crashed(self, node: int) -> None:
+        """A node that will never come: the others stop waiting for it."""
+        self.waiting.pop(node, None)
+        if self.waiting:
+            self.check()
+
+    def check(self) -> None:
+        """Release once every live node waits and no frame is in flight (arrived ones wait in mailboxes)."""
+        if self.releasing or len(self.waiting) < self.alive():
+            return
+        if self.network.in_flight:
+            self.network.drained = self.check
+            return
+        self.network.drained = None
+        self.releasing = True
+        self.clock.when_idle(self._release, self.round)
+
     def _release(self, rnd: int) -> None:
+        self.releasing = False
         self.idle_seconds += self.clock.now - self.first_arrival
         self.count += 1
         start = time.perf_counter()
@@ -144,6 +164,46 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
     recorder.alive = rec["alive"]
     recorder.streams.clear()
     recorder.streams.update(rec["streams"])
+
+
+# -- the availability process (churn, crashes, an availability trace) and link faults
+
+def capture_dynamics(availability, faults, clock) -> dict:
+    """Who is down and why, the offline spells so far, and the transitions still on the clock (with the
+    churn generators they draw from); each faulty edge's chain."""
+    saved: dict = {}
+    if availability is not None:
+        pending = sorted((when, seq, callback.__name__, args) for when, seq, callback, args in clock._events
+                         if getattr(callback, "__self__", None) is availability)
+        saved["availability"] = {
+            "holds": list(availability._holds), "online": list(availability.online),
+            "intervals": availability.intervals, "crashed": sorted(availability.crashed),
+            "pending": [[when, name, [numpy_state(a) if hasattr(a, "bit_generator") else a for a in args]]
+                        for when, _, name, args in pending]}
+    if faults is not None:
+        saved["edges"] = [[u, v, edge.down, edge.next_change, numpy_state(edge.rng)]
+                          for (u, v), edge in faults._edges.items()]
+    return saved
+
+
+def restore_dynamics(saved: dict, availability, faults, clock, seeds) -> None:
+    if availability is not None:
+        state = saved["availability"]
+        availability._holds[:] = state["holds"]
+        availability.online[:] = state["online"]
+        availability.intervals[:] = state["intervals"]
+        availability.crashed.update(state["crashed"])
+        for when, name, args in state["pending"]:
+            if name.startswith("_churn"):  # (node, the node's churn generator)
+                rng = seeds.numpy("churn", args[0])
+                set_numpy_state(rng, args[1])
+                args = [args[0], rng]
+            clock.schedule(when, getattr(availability, name), *args)
+    if faults is not None:
+        for u, v, down, next_change, rng in saved["edges"]:
+            generator = seeds.numpy("link.failures", u, v)
+            set_numpy_state(generator, rng)
+            faults._edges[u, v] = EdgeFaults(down, next_change, generator)
 
 
 # -- a node: its generators, its resident objects and what it carries

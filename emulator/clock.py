@@ -137,7 +137,8 @@ class VirtualClock:
         heapq.heappush(self._events, (when, next(self._sequence), callback, args))
 
     def when_idle(self, callback: Callable, *args) -> None:
-        """Run callback(*args) once nothing else can happen: no event, timer or job is due (a checkpoint's moment)."""
+        """Run callback(*args) once nothing else is due at this instant (no coroutine ready, no event or timer
+        due now), before time moves on: a checkpoint's moment."""
         self._idle.append((callback, args))
 
     def submit(self, job: concurrent.futures.Future, charged: float | None, factor: float = 1.0) -> asyncio.Future:
@@ -181,16 +182,17 @@ class VirtualClock:
         while scheduled and scheduled[0]._cancelled:
             heapq.heappop(scheduled)._scheduled = False
         events = self._events
-        if events and (not scheduled or events[0][0] <= scheduled[0]._when):
+        if self._idle and not self.loop._ready and not (events and events[0][0] <= self.now) and not (
+                scheduled and scheduled[0]._when <= self.now):
+            callback, args = self._idle.popleft()
+            callback(*args)
+        elif events and (not scheduled or events[0][0] <= scheduled[0]._when):
             self.now = max(self.now, events[0][0])
             while events and events[0][0] <= self.now:
                 _, _, callback, args = heapq.heappop(events)
                 callback(*args)
         elif scheduled:
             self.now = max(self.now, scheduled[0]._when)
-        elif self._idle and not self.loop._ready:
-            callback, args = self._idle.popleft()
-            callback(*args)
         else:
             return bool(self.loop._ready or self.loop._stopping)
         return True

@@ -5,7 +5,8 @@ import asyncio
 import gc
 from typing import Callable
 
-from .checkpoint import Barrier, Checkpoints, Resume, capture_network, capture_node, restore_network
+from .checkpoint import (Barrier, Checkpoints, Resume, capture_dynamics, capture_network, capture_node,
+                         restore_dynamics, restore_network)
 from .compute import Compute
 from .network import Network
 from .node import Node, NodeContext, handle_maker
@@ -28,11 +29,13 @@ class Emulation:
         self.checkpoints = checkpoints
         self.barrier = resume = None
         if checkpoints is not None:
-            self.barrier = Barrier(checkpoints.every, clock, lambda: self.recorder.alive, self._save)
+            self.barrier = Barrier(checkpoints.every, clock, network, lambda: self.recorder.alive, self._save)
             if checkpoints.saved is not None:
                 resume = Resume(checkpoints.saved, checkpoints.tensors, compute.executor, checkpoints.residents)
                 self.barrier.count, self.barrier.idle_seconds = checkpoints.saved["barrier"]
                 restore_network(checkpoints.saved["network"], network, self.recorder, clock)
+                restore_dynamics(checkpoints.saved["dynamics"], availability, network.faults, clock, seeds)
+        self.resumed = resume is not None
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
                       for i in range(n)]
         self.tasks: dict[int, asyncio.Task] = {}
@@ -44,6 +47,7 @@ class Emulation:
         tensors: dict = {}
         nodes = [capture_node(node, self.compute.executor, self.checkpoints.residents, tensors) for node in self.nodes]
         saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes,
+                 "dynamics": capture_dynamics(self.availability, self.network.faults, self.clock),
                  "barrier": [self.barrier.count, self.barrier.idle_seconds]}
         self.checkpoints.write(rnd, saved, tensors)
 
@@ -51,6 +55,8 @@ class Emulation:
         if node in self._running:  # a task cancelled before its first step could not catch it
             self.tasks[node].cancel()
         self.recorder.crash(node, self.clock.now)
+        if self.barrier is not None:
+            self.barrier.crashed(node)
 
     async def _node_main(self, node_main: Callable, node: Node) -> None:
         crashed = self.availability.crashed if self.availability is not None else ()
@@ -70,7 +76,7 @@ class Emulation:
         node_main = self.protocol.run if self.rounds > 0 else self.protocol.run_no_rounds
 
         async def main():
-            if self.availability is not None:
+            if self.availability is not None and not self.resumed:  # resumed: its transitions are back on the clock
                 self.availability.start()
             for node in self.nodes:
                 task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))

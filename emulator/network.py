@@ -116,6 +116,8 @@ class Network:
         self.senders_change = nodes_change or faults is not None
         self.links: dict[tuple[int, int], Link] = {}
         self._wire_rngs: dict[int, object] = {}
+        self.in_flight = 0  # frames on their links: sent, not yet arrived nor dropped
+        self.drained: Callable[[], None] | None = None  # called when the last frame in flight lands
         self.set_graph(graph)
         if schedule is not None:
             self.set_schedule(schedule)
@@ -221,6 +223,7 @@ class Network:
         arrival = link.transmit(now, nbytes)
         if arrival is None:
             return self._drop(link, "loss", trace)
+        self.in_flight += 1
         if self.senders_change and link.last_start > now:
             self.clock.schedule(link.last_start, self._start, link, kind, rnd, frame, now, arrival, trace)
         else:
@@ -229,10 +232,18 @@ class Network:
     def _start(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
         """A queued message's turn: it leaves only if its sender and its edge are still up."""
         if not self.online[link.src]:
-            return self._drop(link, "offline", trace)
+            return self._landed(link, "offline", trace)
         if self.faults is not None and self.faults.down(link.src, link.dst, self.clock.now):
-            return self._drop(link, "link_down", trace)
+            return self._landed(link, "link_down", trace)
         self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, t_send, arrival, trace)
+
+    def _landed(self, link: Link, drop_cause: str | None, trace: TraceRow | None) -> None:
+        """A frame in flight is done with its link: dropped (drop_cause), or (None) delivered by the caller."""
+        if drop_cause is not None:
+            self._drop(link, drop_cause, trace)
+        self.in_flight -= 1
+        if self.in_flight == 0 and self.drained is not None:
+            self.drained()
 
     def _drop(self, link: Link, cause: str, trace: TraceRow | None) -> None:
         self.ledger.dropped(link.counters, cause)
@@ -242,16 +253,17 @@ class Network:
     def _arrive(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
         dst = link.dst
         if not self.online[dst]:
-            return self._drop(link, "offline", trace)
+            return self._landed(link, "offline", trace)
         if link.corrupt.draws:
             damaged = link.damage(frame)
             if damaged is not None:
                 if self.checksum and not wire.intact(damaged):
-                    return self._drop(link, "corrupt", trace)
+                    return self._landed(link, "corrupt", trace)
                 frame = damaged
         self.ledger.delivered(link.counters, dst, rnd, len(frame))
         if trace is not None:
             trace.t_arrive, trace.fate = arrival, "delivered"
+        self._landed(link, None, trace)
         self.mailboxes[dst].put(Message(link.src, dst, kind, rnd, len(frame), t_send, arrival, frame, trace=trace))
 
     def open(self, message: Message) -> bool:

@@ -28,6 +28,12 @@ RUNS = {
     "gossip": dict(protocol="gossip", topology="er:p=0.4", nodes=12, rounds=7, seed=4, loss="0.2"),
     "push-sum": dict(protocol="push-sum", topology="ring", nodes=9, rounds=5, seed=5, latency="normal:mean=20ms,std=5ms"),
     "dpsgd": dict(protocol="dpsgd", topology="torus", nodes=9, rounds=4, model="mlp:hidden=16", seed=6),
+    "dfedavgm-churn-crash": dict(protocol="dfedavgm", topology="regular:d=4", nodes=10, rounds=8,
+                                 model="mlp:hidden=16", seed=10, churn="up=0.4s,down=0.2s", crash="0.2@0.9s",
+                                 timeout=0.3),
+    "gossip-link-faults": dict(protocol="gossip-learning", topology="regular:d=4", nodes=8, rounds=7,
+                               model="mlp:hidden=16", seed=11, link_failures="up=0.3s,down=0.2s",
+                               partition_event="t=0.5s:groups=0-3|4-7:heal=1.2s", availability="AVAILABILITY"),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
@@ -59,8 +65,12 @@ def _unfinished_copy(done: Path, to: Path) -> Path:
 @pytest.mark.parametrize("name", list(RUNS))
 def test_a_run_resumed_from_its_last_checkpoint_gives_the_same_bytes(name, tmp_path):
     settings = {**QUIET, **RUNS[name], "checkpoint_every": 2}
+    if settings.get("availability") == "AVAILABILITY":  # an outage trace: node 2 away for a while, node 5 for good
+        (tmp_path / "trace.csv").write_text("node,t_down,t_up\n2,0.2,0.9\n5,0.6,\n")
+        settings["availability"] = str(tmp_path / "trace.csv")
     done = run(**settings, out=str(tmp_path / "done")).out_dir
     assert json.loads((done / "summary.json").read_text())["checkpoints"]["barriers"] == (settings["rounds"] - 1) // 2
+    assert (done / "checkpoint").exists()
     resumed = _unfinished_copy(done, tmp_path / "resumed")
     assert main(["resume", str(resumed)]) == 0
     _same_run_directories(done, resumed)
@@ -81,35 +91,52 @@ def _emulate(out: Path, *flags: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-KILLED = ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "150", "--model",
-          "mlp:hidden=32", "--seed", "7", "--checkpoint-every", "4", "--trace", "--quiet", "--no-plots"]
+# Runs long enough to be killed in the middle; each is killed once its second checkpoint is written.
+KILLED = {
+    "dfedavgm": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "150",
+                 "--model", "mlp:hidden=32", "--seed", "7", "--checkpoint-every", "4"],
+    "gossip-learning": ["--protocol", "gossip-learning", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "150",
+                        "--model", "mlp:hidden=32", "--seed", "8", "--checkpoint-every", "5", "--loss", "0.1"],
+    "mapl": ["--protocol", "mapl", "--topology", "mesh", "--nodes", "6", "--rounds", "40", "--model", "hetero-small",
+             "--partition", "mapl:scenario=1", "--local-epochs", "1", "--seed", "9", "--checkpoint-every", "2"],
+    "dfedavgm-churn-crash": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "10", "--rounds", "150",
+                             "--model", "mlp:hidden=32", "--seed", "10", "--checkpoint-every", "3", "--churn",
+                             "up=0.4s,down=0.2s", "--crash", "0.2@5s", "--timeout", "0.3"],
+}
+KILLS = [("dfedavgm", 0), ("dfedavgm", 1), ("gossip-learning", 2), ("mapl", 3), ("dfedavgm-churn-crash", 4)]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("killed") / "done"
-    assert _emulate(out, *KILLED).wait() == 0
-    return out
+    """The run of KILLED[name], never killed (made once per name)."""
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(name) / "done"
+            assert _emulate(made[name], *KILLED[name], "--trace", "--quiet", "--no-plots").wait() == 0
+        return made[name]
+    return get
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_kill_9_at_a_random_moment_then_resume(uninterrupted, tmp_path, seed):
-    """SIGKILL once the second checkpoint is written, after a random further delay; resume; same bytes."""
+@pytest.mark.parametrize("name, seed", KILLS, ids=[f"{name}-{seed}" for name, seed in KILLS])
+def test_kill_9_at_a_random_moment_then_resume(uninterrupted, tmp_path, name, seed):
+    """SIGKILL after the second checkpoint, at a random further delay; resume; the uninterrupted run's bytes."""
+    reference = uninterrupted(name)
+    every = int(KILLED[name][KILLED[name].index("--checkpoint-every") + 1])
     out = tmp_path / "killed"
-    process = _emulate(out, *KILLED)
-    checkpoint = out / "checkpoint"
+    process = _emulate(out, *KILLED[name], "--trace", "--quiet", "--no-plots")
     deadline = time.monotonic() + 120
     while process.poll() is None and time.monotonic() < deadline:
-        if checkpoint.exists() and _checkpoint_round(checkpoint) >= 8:
+        if (out / "checkpoint").exists() and _checkpoint_round(out / "checkpoint") >= 2 * every:
             break
         time.sleep(0.01)
     time.sleep(random.Random(seed).uniform(0, 1.5))
     process.send_signal(signal.SIGKILL)
     process.wait()
-    if (out / "summary.json").exists():
-        pytest.skip("the run finished before the kill")
+    assert not (out / "summary.json").exists(), "the run finished before the kill: make it longer"
     assert main(["resume", str(out)]) == 0
-    _same_run_directories(uninterrupted, out)
+    _same_run_directories(reference, out)
 
 
 def _checkpoint_round(path: Path) -> int:
@@ -182,7 +209,7 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--checkpoint-every", "2", "--churn", "up=1s,down=1s"], "--churn"),
+    (["--checkpoint-every", "2", "--adversaries", "fraction=0.2,kind=noise:std=1"], "--adversaries"),
     (["--checkpoint-every", "2", "--clock", "real"], "--clock"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
     (["--checkpoint-every", "2", "--protocol", "l2c"], "does not declare"),
