@@ -70,14 +70,26 @@ def _whole(path: Path) -> dict:
 
 
 def _save_resident(obj) -> dict | None:
-    """A resident object's tensors: a module's state dict, a generator's state; None for data (rebuilt)."""
+    """A resident object's tensors: a module's state dict, a generator's state, or an object's tensor,
+    module and optimiser attributes (L2C's mixer); None for a bare tensor (data, rebuilt by the setup)."""
     import torch
 
     if isinstance(obj, torch.nn.Module):
         return {name: t.detach().clone().contiguous() for name, t in obj.state_dict().items()}
     if isinstance(obj, torch.Generator):
         return {"state": obj.get_state()}
-    return None
+    if isinstance(obj, torch.Tensor) or not hasattr(obj, "__dict__"):
+        return None
+    saved = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor):
+            saved[name] = value.detach().clone().contiguous()
+        elif isinstance(value, torch.nn.Module):
+            saved.update({f"{name}.{key}": t for key, t in _save_resident(value).items()})
+        elif isinstance(value, torch.optim.Optimizer):
+            saved.update({f"{name}.{i}.{key}": torch.as_tensor(t).clone()
+                          for i, entries in value.state_dict()["state"].items() for key, t in entries.items()})
+    return saved or None
 
 
 def _load_resident(obj, tensors: dict) -> None:
@@ -85,8 +97,23 @@ def _load_resident(obj, tensors: dict) -> None:
 
     if isinstance(obj, torch.nn.Module):
         obj.load_state_dict(tensors)
-    else:
+    elif isinstance(obj, torch.Generator):
         obj.set_state(tensors["state"])
+    else:
+        for name, value in vars(obj).items():
+            part = {key[len(name) + 1:]: t for key, t in tensors.items() if key.startswith(name + ".")}
+            if isinstance(value, torch.Tensor) and name in tensors:
+                with torch.no_grad():
+                    value.copy_(tensors[name])
+            elif isinstance(value, torch.nn.Module):
+                value.load_state_dict(part)
+            elif isinstance(value, torch.optim.Optimizer):
+                state = value.state_dict()
+                state["state"] = {}
+                for key, t in part.items():
+                    i, _, entry = key.partition(".")
+                    state["state"].setdefault(int(i), {})[entry] = t
+                value.load_state_dict(state)
 
 
 RESIDENTS = Residents(_save_resident, _load_resident)

@@ -185,6 +185,7 @@ def copy_model(target, source) -> None:
 
 class Linked(LearningProtocol):
     """What fedlinked and fedlinked-p2p share: the public set, a node's learning in a round, the summary."""
+    checkpoints = False  # what its nodes carry between rounds is not declared yet (node.carry)
     Options = FedLinkedOptions
     state_copies = 3.0  # the model, the early-stopping best and the rollback best
 

@@ -170,6 +170,7 @@ class Layout:
 
 class Modular(LearningProtocol):
     """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
+    checkpoints = False  # what its nodes carry between rounds is not declared yet (node.carry)
 
     @property
     def widths(self) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
@@ -118,6 +119,16 @@ def same_task_on_top(node: int, weights: dict[int, float], peers: set[int]) -> b
     return set(ranked[:len(peers)]) == peers
 
 
+@dataclass
+class Carried:
+    """What a node carries from round to round: its model, its mixer (alpha_i or meta-L2C's encoder, with
+    their optimiser), whom it still hears from and whom it still sends to."""
+    model: Resident
+    mixer: Resident
+    sources: list
+    listeners: list
+
+
 class MixingLogits:
     """L2C's alpha_i: one logit per member of {i} and N(i), initially equal, trained by AdamW."""
 
@@ -136,6 +147,7 @@ class L2C(LearningProtocol):
     Options = L2COptions
     averages_models = True
     state_copies = 7.2
+    checkpoints = True
 
     # -- what L2C and meta-L2C do differently ---------------------------------
     def mixer(self, node, origin: dict):
@@ -157,13 +169,14 @@ class L2C(LearningProtocol):
         origin = await self.state(node, model)
         mixer = node.keep(self.mixer(node, origin))
         neighbours = list(node.neighbours)  # N(i) at the start, which K0 counts
-        sources, listeners = list(neighbours), set(neighbours)
+        state = node.carry(Carried(model, mixer, sources=list(neighbours), listeners=list(neighbours)))
         pruning = float(o.prune) > 0  # then every node sends its T0 notice, even one that drops no one
         async for rnd in node.rounds():
+            sources, listeners = state.sources, state.listeners
             start = await self.state(node, model)
             loss = await self.train(node, model, data)
             if pruning and rnd == o.prune_round + 1:
-                listeners = await self.still_listening(node, listeners)
+                listeners = state.listeners = await self.still_listening(node, listeners)
             own = self.message(start, await self.state(node, model), origin)
             node.broadcast("update", own, to=[j for j in node.neighbours if j in listeners])
             heard = await node.gather("update", peers=[j for j in sources if j in node.neighbours],
@@ -176,7 +189,7 @@ class L2C(LearningProtocol):
             node.record("graph", weights={str(j): w for j, w in weights.items()})
             await self.share(node, mixer)
             if pruning and rnd == o.prune_round:
-                sources = self.prune(node, sources, weights, len(neighbours))
+                state.sources = self.prune(node, sources, weights, len(neighbours))
             node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, val_loss=val_loss, **await self.evaluate(node, model, data),
                      heard_from=heard_from)
@@ -190,11 +203,11 @@ class L2C(LearningProtocol):
         node.broadcast("listening", kept)
         return kept
 
-    async def still_listening(self, node, listeners: set[int]) -> set[int]:
+    async def still_listening(self, node, listeners: list[int]) -> list[int]:
         """Neighbours whose T0 notice keeps i; one whose notice never came keeps getting i's updates."""
         notices = await node.gather("listening", round=self.options.prune_round, peers=sorted(listeners),
                                     timeout=self.options.timeout, valid=node_ids(node.num_nodes))
-        return {j for j in listeners if j not in notices or node.id in notices[j].body}
+        return [j for j in listeners if j not in notices or node.id in notices[j].body]
 
     # -- results ---------------------------------------------------------------
     def summary(self, records) -> dict:

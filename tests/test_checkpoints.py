@@ -16,6 +16,7 @@ import yaml
 from app import runners
 from app.cli import main
 from app.run import run
+from emulator.protocol import protocols
 from tests.conftest import assert_one_line_error
 
 STREAMED = ("metrics.jsonl", "links.csv", "messages.jsonl")
@@ -34,6 +35,9 @@ RUNS = {
     "gossip-link-faults": dict(protocol="gossip-learning", topology="regular:d=4", nodes=8, rounds=7,
                                model="mlp:hidden=16", seed=11, link_failures="up=0.3s,down=0.2s",
                                partition_event="t=0.5s:groups=0-3|4-7:heal=1.2s", availability="AVAILABILITY"),
+    "l2c": dict(protocol="l2c", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16", seed=12,
+                prune="0.5", prune_round=2),
+    "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
@@ -74,6 +78,11 @@ def test_a_run_resumed_from_its_last_checkpoint_gives_the_same_bytes(name, tmp_p
     resumed = _unfinished_copy(done, tmp_path / "resumed")
     assert main(["resume", str(resumed)]) == 0
     _same_run_directories(done, resumed)
+
+
+def test_every_protocol_that_says_it_can_be_checkpointed_is_tested_here():
+    claimed = {name for name, cls in protocols().items() if cls.checkpoints}
+    assert claimed == {settings["protocol"] for settings in RUNS.values()}
 
 
 @pytest.mark.parametrize("every", [1, 3])
@@ -212,7 +221,7 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
     (["--checkpoint-every", "2", "--adversaries", "fraction=0.2,kind=noise:std=1"], "--adversaries"),
     (["--checkpoint-every", "2", "--clock", "real"], "--clock"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
-    (["--checkpoint-every", "2", "--protocol", "l2c"], "does not declare"),
+    (["--checkpoint-every", "2", "--protocol", "fedmn"], "does not declare"),
 ])
 def test_runs_a_checkpoint_cannot_hold_are_refused(flags, named, tmp_path, capsys):
     assert main([*flags, "--rounds", "3", "--quiet", "--out", str(tmp_path / "r")]) == 2
