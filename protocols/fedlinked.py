@@ -40,6 +40,7 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
+from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
@@ -183,9 +184,22 @@ def copy_model(target, source) -> None:
     target.load_state_dict(source.state_dict())
 
 
+@dataclass
+class Carried:
+    """What a client carries from round to round: its model, the rollback copy of its best (kept) and
+    early stopping's scratch copy (best), the best rollback accuracy, whether the initial epochs ran,
+    and (on a star) the first round it takes part in again after falling behind the server."""
+    model: Resident
+    kept: Resident
+    best: Resident
+    best_acc: float = -1.0
+    pretrained: bool = False
+    resume: int = 0
+
+
 class Linked(LearningProtocol):
     """What fedlinked and fedlinked-p2p share: the public set, a node's learning in a round, the summary."""
-    checkpoints = False  # what its nodes carry between rounds is not declared yet (node.carry)
+    checkpoints = True
     Options = FedLinkedOptions
     state_copies = 3.0  # the model, the early-stopping best and the rollback best
 
@@ -292,8 +306,12 @@ class Linked(LearningProtocol):
             await node.compute(copy_model, model, kept, work=0)
         return best_acc, {"rollback_acc": acc, **await self.evaluate(node, model, data)}
 
-    async def pretrain(self, node, model, data, best) -> dict:
-        loss, epochs = await self.early_stopping(node, model, data, best, self.options.init_epochs)
+    async def pretrained(self, node, state: "Carried", data) -> dict:
+        """The initial epochs, once, first thing in round 0: their metrics then, {} after."""
+        if state.pretrained:
+            return {}
+        state.pretrained = True
+        loss, epochs = await self.early_stopping(node, state.model, data, state.best, self.options.init_epochs)
         return {"pretrain_epochs": epochs, **({"pretrain_loss": loss} if loss is not None else {})}
 
     def summary(self, records):
@@ -364,22 +382,22 @@ class FedLinked(Linked):
     async def _client(self, node):
         o = self.options
         model, data, kept, best, public = self.setup(node, self.part[node.id])
-        first, best_acc, resume = await self.pretrain(node, model, data, best), -1.0, 0
+        state = node.carry(Carried(model, kept, best))
         async for _ in node.rounds():
+            first = await self.pretrained(node, state, data)
             index, body = self.public_index(node.round), None
             # behind the server (it answered a later round), a client learns alone until it has caught up
-            if o.eta > 0 and node.round >= resume and self.server in node.neighbours:
+            if o.eta > 0 and node.round >= state.resume and self.server in node.neighbours:
                 node.send(self.server, REPS, await self.represent(node, model, public, index))
                 message = await from_server(node, TARGET, self.target_check(len(index)),
                                             self.wait(node.round) + o.timeout)
                 if message is not None and message.round > node.round:
-                    resume = message.round + 1
+                    state.resume = message.round + 1
                 elif message is not None:
                     body = message.body
             metrics = await self.learn(node, model, data, best, public, index, body)
-            best_acc, scores = await self.roll(node, model, data, kept, best_acc)
+            state.best_acc, scores = await self.roll(node, model, data, kept, state.best_acc)
             node.log(**first, **metrics, **scores)
-            first = {}
 
     def summary(self, records):
         return {"server": self.server, **super().summary(records)}
@@ -392,8 +410,9 @@ class FedLinkedP2P(Linked):
     async def run(self, node):
         o = self.options
         model, data, kept, best, public = self.setup(node, node.id)
-        first, best_acc = await self.pretrain(node, model, data, best), -1.0
+        state = node.carry(Carried(model, kept, best))
         async for _ in node.rounds():
+            first = await self.pretrained(node, state, data)
             index, body, heard = self.public_index(node.round), None, {}
             if o.eta > 0:
                 own = await self.represent(node, model, public, index)
@@ -401,6 +420,5 @@ class FedLinkedP2P(Linked):
                 heard = await node.gather(REPS, timeout=self.wait(node.round), valid=self.reps_check(len(index)))
                 body = await self.regularise(node, node.id, own[REPS], {k: m.body[REPS] for k, m in heard.items()})
             metrics = await self.learn(node, model, data, best, public, index, body)
-            best_acc, scores = await self.roll(node, model, data, kept, best_acc)
+            state.best_acc, scores = await self.roll(node, model, data, kept, state.best_acc)
             node.log(**first, **metrics, heard_from=len(heard), **scores)
-            first = {}

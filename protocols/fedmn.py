@@ -31,7 +31,7 @@ from emulator.protocol import register
 from workloads.lazy import LazyModule
 from workloads.training import load_state, sgd
 
-from .common import (EVAL_COST, STATE, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
+from .common import (EVAL_COST, STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
                      expects, last_rows, like, positive_int)
 from .fedavg import FedAvg, FedAvgOptions
 
@@ -170,7 +170,7 @@ class Layout:
 
 class Modular(LearningProtocol):
     """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
-    checkpoints = False  # what its nodes carry between rounds is not declared yet (node.carry)
+    checkpoints = True
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -254,6 +254,7 @@ class FedMN(Modular, FedAvg):
         o = self.options
         network = node.keep(self.initial_model(0))
         layout = Layout(await self.state(node, network), self.widths)
+        node.carry(CarriedModel(network))  # the modular network, hypernetwork included
         async for _ in node.rounds():
             routed = self.routed(node.round)
             reachable = node.neighbours
@@ -285,7 +286,8 @@ class FedMN(Modular, FedAvg):
         network, data = self.hold(node, self.part[node.id])
         layout = Layout(await self.state(node, network), self.widths)
         first = layout.carrying(layout.router, layout.names(layout.everything, False))  # routed, or pretraining
-        message = None
+        node.carry(CarriedModel(network))
+        message = None  # the server's model for this round, taken anew each round (none is ahead at a barrier)
         async for _ in node.rounds():
             if message is None or message.round < node.round:
                 message = await self._next_model(node, first)
@@ -324,6 +326,7 @@ class FedMNP2P(Modular):
         o = self.options
         network, data = self.hold(node)
         layout = Layout(await self.state(node, network), self.widths)
+        node.carry(CarriedModel(network))
         async for _ in node.rounds():
             routed = self.routed(node.round)
             decision, route = await self.decide(node, network, data)

@@ -17,6 +17,7 @@ from app import runners
 from app.cli import main
 from app.run import run
 from emulator.protocol import protocols
+from protocols.dfedavgm import DFedAvgM
 from tests.conftest import assert_one_line_error
 
 STREAMED = ("metrics.jsonl", "links.csv", "messages.jsonl")
@@ -38,6 +39,12 @@ RUNS = {
     "l2c": dict(protocol="l2c", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16", seed=12,
                 prune="0.5", prune_round=2),
     "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13),
+    "fedmn": dict(protocol="fedmn", topology="star", nodes=6, rounds=6, seed=14, pretrain_rounds=2),
+    "fedmn-p2p": dict(protocol="fedmn-p2p", topology="regular:d=2", nodes=6, rounds=5, seed=15, pretrain_rounds=1),
+    "fedlinked": dict(protocol="fedlinked", topology="star", nodes=5, rounds=5, seed=16, model="cnn-small:channels=8,16",
+                      d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
+    "fedlinked-p2p": dict(protocol="fedlinked-p2p", topology="ring", nodes=4, rounds=5, seed=17,
+                          model="cnn-small:channels=8,16", d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
@@ -217,11 +224,18 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
     assert_one_line_error(capsys, "no checkpoint")
 
 
+def test_a_protocol_that_declares_no_carried_state_is_refused(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(DFedAvgM, "checkpoints", False)  # as a plugin that never calls node.carry
+    assert main(["--protocol", "dfedavgm", "--checkpoint-every", "2", "--rounds", "3", "--quiet",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert_one_line_error(capsys, "does not declare")
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("flags, named", [
     (["--checkpoint-every", "2", "--adversaries", "fraction=0.2,kind=noise:std=1"], "--adversaries"),
     (["--checkpoint-every", "2", "--clock", "real"], "--clock"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
-    (["--checkpoint-every", "2", "--protocol", "fedmn"], "does not declare"),
 ])
 def test_runs_a_checkpoint_cannot_hold_are_refused(flags, named, tmp_path, capsys):
     assert main([*flags, "--rounds", "3", "--quiet", "--out", str(tmp_path / "r")]) == 2
