@@ -319,8 +319,7 @@ def validate(config: RunConfig) -> None:
 
 
 # Settings whose state a checkpoint does not hold yet: a run with one of them is not checkpointed.
-NOT_CHECKPOINTED = {"clock": "virtual", "executor": ("thread", "batched"), "topology_schedule": "none",
-                    "adversaries": "none"}
+NOT_CHECKPOINTED = {"clock": "virtual", "executor": ("thread", "batched")}
 
 
 def check_checkpoints(config: RunConfig) -> None:

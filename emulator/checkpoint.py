@@ -137,7 +137,7 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
     clock.now = saved["now"]
     ledger = network.ledger
     for src, dst, free_at, last_start, last_arrival, bad, rng, corrupt, counters in saved["links"]:
-        link = network.links[src, dst]
+        link = network._link(src, dst)  # a later round's graph (a schedule) may have made it
         link.free_at, link.last_start, link.last_arrival, link.loss_state.bad = free_at, last_start, last_arrival, bad
         if rng is not None:
             set_random_state(link.rng, rng)
@@ -167,6 +167,23 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
 
 
 # -- the availability process (churn, crashes, an availability trace) and link faults
+
+def capture_adversaries(adversaries) -> dict | None:
+    """Each attacker's noise generator, and the first bodies the stale attack keeps sending."""
+    if adversaries is None:
+        return None
+    return {"rngs": {src: numpy_state(g) for src, g in adversaries._rngs.items()},
+            "first": [[src, kind, bytes(wire.encode(body))] for (src, kind), body in adversaries._first.items()]}
+
+
+def restore_adversaries(saved: dict | None, adversaries, seeds) -> None:
+    if adversaries is None:
+        return
+    for src, state in saved["rngs"].items():
+        generator = adversaries._rngs[src] = seeds.numpy("adversary", src)
+        set_numpy_state(generator, state)
+    adversaries._first.update({(src, kind): wire.decode(body) for src, kind, body in saved["first"]})
+
 
 def capture_dynamics(availability, faults, clock) -> dict:
     """Who is down and why, the offline spells so far, and the transitions still on the clock (with the

@@ -5,8 +5,8 @@ import asyncio
 import gc
 from typing import Callable
 
-from .checkpoint import (Barrier, Checkpoints, Resume, capture_dynamics, capture_network, capture_node,
-                         restore_dynamics, restore_network)
+from .checkpoint import (Barrier, Checkpoints, Resume, capture_adversaries, capture_dynamics, capture_network,
+                         capture_node, restore_adversaries, restore_dynamics, restore_network)
 from .compute import Compute
 from .network import Network
 from .node import Node, NodeContext, handle_maker
@@ -35,6 +35,7 @@ class Emulation:
                 self.barrier.count, self.barrier.idle_seconds = checkpoints.saved["barrier"]
                 restore_network(checkpoints.saved["network"], network, self.recorder, clock)
                 restore_dynamics(checkpoints.saved["dynamics"], availability, network.faults, clock, seeds)
+                restore_adversaries(checkpoints.saved["adversaries"], network.adversaries, seeds)
         self.resumed = resume is not None
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
                       for i in range(n)]
@@ -48,6 +49,7 @@ class Emulation:
         nodes = [capture_node(node, self.compute.executor, self.checkpoints.residents, tensors) for node in self.nodes]
         saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes,
                  "dynamics": capture_dynamics(self.availability, self.network.faults, self.clock),
+                 "adversaries": capture_adversaries(self.network.adversaries),
                  "barrier": [self.barrier.count, self.barrier.idle_seconds]}
         self.checkpoints.write(rnd, saved, tensors)
 

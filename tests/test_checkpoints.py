@@ -40,11 +40,17 @@ RUNS = {
                 prune="0.5", prune_round=2),
     "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13),
     "fedmn": dict(protocol="fedmn", topology="star", nodes=6, rounds=6, seed=14, pretrain_rounds=2),
-    "fedmn-p2p": dict(protocol="fedmn-p2p", topology="regular:d=2", nodes=6, rounds=5, seed=15, pretrain_rounds=1),
+    "fedmn-p2p": dict(protocol="fedmn-p2p", topology="ring", nodes=6, rounds=5, seed=15, pretrain_rounds=1),
     "fedlinked": dict(protocol="fedlinked", topology="star", nodes=5, rounds=5, seed=16, model="cnn-small:channels=8,16",
                       d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
     "fedlinked-p2p": dict(protocol="fedlinked-p2p", topology="ring", nodes=4, rounds=5, seed=17,
                           model="cnn-small:channels=8,16", d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
+    "dfedavgm-schedule-adversaries": dict(protocol="dfedavgm", topology="er:p=0.5", nodes=8, rounds=6,
+                                         model="mlp:hidden=16", seed=18, topology_schedule="resample:every=2",
+                                         adversaries="fraction=0.25,kind=noise:std=1", aggregate="median"),
+    "dpsgd-one-peer-stale": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
+                                 seed=19, topology_schedule="one-peer-exponential",
+                                 adversaries="fraction=0.25,kind=stale"),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
@@ -233,7 +239,7 @@ def test_a_protocol_that_declares_no_carried_state_is_refused(monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("flags, named", [
-    (["--checkpoint-every", "2", "--adversaries", "fraction=0.2,kind=noise:std=1"], "--adversaries"),
+    (["--checkpoint-every", "2", "--executor", "ray"], "--executor"),
     (["--checkpoint-every", "2", "--clock", "real"], "--clock"),
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
 ])
