@@ -35,16 +35,16 @@ def write(path: Path, digest: str, config_hash: str, rnd: int, state: dict, tens
     os.replace(partial, path)
 
 
-def read(path: Path, digest: str) -> tuple[int, dict, dict]:
-    """(round, state, tensors) of a checkpoint that is whole and belongs to settings with `digest`;
-    a UsageError naming the problem otherwise."""
+def read(path: Path, digest: str) -> dict:
+    """A checkpoint that is whole and belongs to settings with `digest`: its round, config_hash, state and
+    tensors; a UsageError naming the problem otherwise."""
     from safetensors.torch import load
 
     saved = _whole(path)
     if saved["digest"] != digest:
         raise UsageError(f"{path}: was written for other settings than {path.parent / 'config.yaml'} "
                          "(changed since, or a checkpoint of another run)")
-    return saved["round"], saved["state"], load(saved["tensors"])
+    return {**saved, "tensors": load(saved["tensors"])}
 
 
 def resumable(run_dir: Path, config_hash: str) -> bool:

@@ -111,7 +111,7 @@ def build_topology(config: cfg.RunConfig):
 
 def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                     executor, scenario: dynamics.Scenario | None = None,
-                    on_round=lambda rnd, now: None, checkpoints: Checkpoints | None = None) -> Emulation:
+                    on_round=lambda rnd, now: None, checkpointing: Checkpoints | None = None) -> Emulation:
     """The clock, network, compute and availability the settings ask for, and the emulation over them."""
     n = graph.number_of_nodes()
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
@@ -131,7 +131,8 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
         availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                         if scenario.nodes_change else None)
         compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
-        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round, checkpoints)
+        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round,
+                         checkpointing)
     except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
         clock.loop.close()
         raise
@@ -168,6 +169,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
     written = cfg.config_hash(config, options)  # of the settings as config.yaml holds them: what resume checks
     saved = checkpoints.read(out_dir / checkpoints.NAME, written) if resume else None
+    if saved is not None:
+        digest = saved["config_hash"]  # the run's, from before config.yaml had its node count filled in
     existed = out_dir.exists()
     if not resume:
         prepare_out_dir(out_dir, config.overwrite)
@@ -192,8 +195,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None
             if config.checkpoint_every:
-                plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save,
-                                   *(saved[1:] if saved is not None else ()))
+                state, tensors = (saved["state"], saved["tensors"]) if saved is not None else (None, None)
+                plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save, state, tensors)
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan)
         except UsageError:
             resources.close()
@@ -203,7 +206,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             raise
         stream = RunStream(writer, emulation)
         if saved is not None:
-            stream.resume_at(saved[1]["stream"])
+            stream.resume_at(saved["state"]["stream"])
         start, cpu = time.perf_counter(), time.process_time()
         try:
             with progress:

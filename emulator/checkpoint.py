@@ -92,7 +92,10 @@ class Barrier:
 # -- random generators as plain data
 
 def random_state(rng: random.Random | None):
-    return None if rng is None else [rng.getstate()[0], list(rng.getstate()[1]), rng.getstate()[2]]
+    if rng is None:
+        return None
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
 
 
 def set_random_state(rng: random.Random, state) -> None:

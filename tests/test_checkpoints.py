@@ -24,9 +24,11 @@ STREAMED = ("metrics.jsonl", "links.csv", "messages.jsonl")
 QUIET = dict(trace=True, quiet=True, no_plots=True)
 RUNS = {
     "dfedavgm": dict(protocol="dfedavgm", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=32", seed=1),
+    "dfedavgm-batched": dict(protocol="dfedavgm", topology="ring", nodes=7, rounds=5, model="mlp:hidden=32", seed=20,
+                             executor="batched", partition="dirichlet:alpha=0.5"),  # the stack is the models
     "gossip-learning": dict(protocol="gossip-learning", topology="regular:d=4", nodes=10, rounds=6,
                             model="mlp:hidden=32", seed=2, latency="uniform:low=5ms,high=40ms", loss="0.1"),
-    "local": dict(protocol="local", topology="ring", nodes=5, rounds=4, model="mlp:hidden=16", seed=3),
+    "local": dict(protocol="local", topology="ring", rounds=4, model="mlp:hidden=16", seed=3),  # nodes: the default
     "gossip": dict(protocol="gossip", topology="er:p=0.4", nodes=12, rounds=7, seed=4, loss="0.2"),
     "push-sum": dict(protocol="push-sum", topology="ring", nodes=9, rounds=5, seed=5, latency="normal:mean=20ms,std=5ms"),
     "dpsgd": dict(protocol="dpsgd", topology="torus", nodes=9, rounds=4, model="mlp:hidden=16", seed=6),
