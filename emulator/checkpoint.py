@@ -169,7 +169,7 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
     recorder.streams.update(rec["streams"])
 
 
-# -- the availability process (churn, crashes, an availability trace) and link faults
+# -- adversaries, the availability process (churn, crashes, an availability trace) and link faults
 
 def capture_adversaries(adversaries) -> dict | None:
     """Each attacker's noise generator, and the first bodies the stale attack keeps sending."""
