@@ -237,10 +237,12 @@ class Network:
             return self._landed(link, "link_down", trace)
         self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, t_send, arrival, trace)
 
-    def _landed(self, link: Link, drop_cause: str | None, trace: TraceRow | None) -> None:
-        """A frame in flight is done with its link: dropped (drop_cause), or (None) delivered by the caller."""
-        if drop_cause is not None:
-            self._drop(link, drop_cause, trace)
+    def _landed(self, link: Link, drop_cause: str, trace: TraceRow | None) -> None:
+        """A frame in flight dropped on arrival or at its turn to leave."""
+        self._drop(link, drop_cause, trace)
+        self._off_the_link()
+
+    def _off_the_link(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0 and self.drained is not None:
             self.drained()
@@ -263,7 +265,7 @@ class Network:
         self.ledger.delivered(link.counters, dst, rnd, len(frame))
         if trace is not None:
             trace.t_arrive, trace.fate = arrival, "delivered"
-        self._landed(link, None, trace)
+        self._off_the_link()
         self.mailboxes[dst].put(Message(link.src, dst, kind, rnd, len(frame), t_send, arrival, frame, trace=trace))
 
     def open(self, message: Message) -> bool:
