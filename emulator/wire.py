@@ -195,7 +195,7 @@ class _Encoder:
                 raise ValueError(f"wire cannot send as {self.compress} a tensor holding inf, nan or values beyond "
                                  f"{torch.finfo(data.dtype).max:g}")
         else:
-            data, scale = _quantise(t, _LEVELS[self.compress], self.rng)
+            data, scale = quantise(t, self.compress, self.rng)
         return self._ext(_LOSSY, _bytes_of(data), name, list(t.shape), self.compress, scale,
                          as_numpy)
 
@@ -217,10 +217,12 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return (t.view(stand_ins[t.dtype]) if t.dtype in stand_ins else t).numpy()
 
 
-def _quantise(t: torch.Tensor, levels: int, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
-    """Unbiased stochastic rounding of t/scale*levels to integers in [-levels, levels]."""
+def quantise(t: torch.Tensor, codec: str, rng: np.random.Generator) -> tuple[torch.Tensor, float]:
+    """q8 or q4 codes of t and their scale: unbiased stochastic rounding of t/scale*levels to integers
+    in [-levels, levels]; q8 one int8 an entry, q4 two entries a byte (first in the low nibble)."""
     import torch
 
+    levels = _LEVELS[codec]
     work = torch.float64 if t.dtype == torch.float64 else torch.float32
     x = t.to(work)
     scale = float(x.abs().max()) if x.numel() else 0.0
@@ -231,12 +233,24 @@ def _quantise(t: torch.Tensor, levels: int, rng: np.random.Generator) -> tuple[t
     u = rng.random(y.numel(), dtype=np.float32 if work == torch.float32 else np.float64)
     # floor(y + u) is floor(y) + 1 with probability frac(y): E[q] = y
     q = y.add_(torch.from_numpy(u).view(y.shape)).floor_()
-    if levels == _LEVELS["q8"]:
+    if codec == "q8":
         return q.to(torch.int8), scale
-    codes = q.add_(8).to(torch.uint8).reshape(-1)  # 1..15, two per byte, first in the low nibble
+    codes = q.add_(8).to(torch.uint8).reshape(-1)  # 1..15
     if codes.numel() % 2:
         codes = torch.cat((codes, codes.new_zeros(1)))
     return codes[0::2] | (codes[1::2] << 4), scale
+
+
+def dequantise(codes: torch.Tensor, codec: str, scale: float, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The `count` values (flat, of `dtype`) that quantise's codes and scale stand for."""
+    import torch
+
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if codec == "q8":
+        q = codes.to(work)
+    else:
+        q = torch.stack((codes & 15, codes >> 4), 1).reshape(-1)[:count].to(work).sub_(8)
+    return q.mul_(scale / _LEVELS[codec]).to(dtype)
 
 
 def decode(frame: bytes | bytearray | memoryview, *, checksum: bool = True) -> object:
@@ -351,15 +365,9 @@ class _Decoder:
         # |q| <= levels, so values stay within +-scale: finite in the tensor's own dtype
         if type(scale) is not float or not 0 <= scale <= torch.finfo(dtype).max:
             raise WireError(f"bad quantisation scale {scale!r:.20} for {name}")
-        work = torch.float64 if dtype == torch.float64 else torch.float32
-        if codec == "q8":
-            q = torch.from_numpy(self._array(_NUMPY_DTYPES["int8"], [count], offset, nbytes))
-            q = q.to(work)
-        else:
-            packed = self._array(_NUMPY_DTYPES["uint8"], [(count + 1) // 2], offset, nbytes)
-            packed = torch.from_numpy(packed)
-            q = torch.stack((packed & 15, packed >> 4), 1).reshape(-1)[:count].to(work).sub_(8)
-        return q.mul_(scale / _LEVELS[codec]).to(dtype).view(shape)
+        codes = self._array(_NUMPY_DTYPES["int8" if codec == "q8" else "uint8"],
+                            [count if codec == "q8" else (count + 1) // 2], offset, nbytes)
+        return dequantise(torch.from_numpy(codes), codec, scale, count, dtype).view(shape)
 
 
 def keep_large_frames_in_the_heap() -> None:

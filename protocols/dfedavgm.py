@@ -11,20 +11,50 @@ Each round, node i:
 On a directed graph (e.g. --topology-schedule one-peer-exponential) a node sends
 to its out-neighbours and mixes what its in-neighbours sent, with degrees counted
 as in-degrees (one-peer exponential: half its own model, half the one received).
+
+With --sparsify Q, step 2 sends Q(x_i - r_i) instead, and step 3 mixes the copies x̂_j
+the neighbours' increments build (protocols/compression.py); every copy starts at the
+common x0. Without --error-feedback r_i is x_i at the last send, so what Q dropped is
+lost; with it r_i is x̂_i, so what Q dropped is sent later (Stich et al. 2018; Karimireddy
+et al. 2019). A neighbour whose x̂_j missed an increment is left out until it is whole again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from emulator.compute import Resident
+from emulator.errors import UsageError
 from emulator.protocol import register
+from topologies import neighbour_weight
 from workloads.training import aggregate, mix
 
-from .common import DEGREE, STATE, CarriedModel, LearningProtocol, RobustMixingOptions, SGDOptions, degree_weights, like, own_row
+from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, like, own_row
+from .compression import Operator, PublicCopies, difference
 
 
 @dataclass
 class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
-    pass
+    sparsify: str = field(default="none", metadata={"help": (
+        "dfedavgm, dpsgd: send Q(x - r) instead of x, Q one of topk:F, randk:F (F the share of each tensor's "
+        "entries), sign, q8, q4 (none: send x)")})
+    error_feedback: bool = field(default=False, metadata={"help": (
+        "dfedavgm, dpsgd with --sparsify: r is what the neighbours hold of x, so what Q dropped is sent later "
+        "(without it, r is x at the last send)")})
+
+    def validate(self):
+        super().validate()
+        Operator.parse("sparsify", self.sparsify)
+        if self.error_feedback and self.sparsify == "none":
+            raise UsageError("--error-feedback: needs --sparsify")
+
+
+@dataclass
+class Carried:
+    """What a node carries from round to round: x_i (the momentum buffer starts fresh each round);
+    with --sparsify, the copies x̂ and, without --error-feedback, x_i at the last send."""
+    model: Resident
+    copies: PublicCopies | None = None
+    last_sent: dict | None = None
 
 
 @register("dfedavgm")
@@ -36,25 +66,51 @@ class DFedAvgM(LearningProtocol):
 
     async def run(self, node):
         model, data = self.hold(node)
-        node.carry(CarriedModel(model))  # x_i; the momentum buffer starts fresh each round
+        carried = node.carry(await self.carried(node, model))
         async for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
-            heard_from = await self.average(node, model)  # 2-3
+            heard_from = await self.average(node, model, carried)  # 2-3
             node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=heard_from)
 
-    async def average(self, node, model) -> int:
+    async def carried(self, node, model) -> Carried:
+        o = self.options
+        if o.sparsify == "none":
+            return Carried(model)
+        x0 = await self.state(node, model)
+        common = o.init == "common"  # then every node's x̂ starts at the x0 they all drew from the seed
+        copies = PublicCopies(public=x0, start={k: v.clone() for k, v in x0.items()} if common else None)
+        return Carried(model, copies, None if o.error_feedback else {k: v.clone() for k, v in x0.items()})
+
+    async def average(self, node, model, carried: Carried) -> int:
         """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed."""
         o = self.options
         degree = len(node.in_neighbours)
-        body = {STATE: await self.state(node, model), DEGREE: degree}
-        node.broadcast("model", body)  # 2
-        heard = await node.gather("model", timeout=o.timeout, valid=like(body))
+        if carried.copies is None:
+            body = {STATE: await self.state(node, model), DEGREE: degree}
+            node.broadcast("model", body)  # 2
+            heard = await node.gather("model", timeout=o.timeout, valid=like(body))
+            models = {j: (message.body[DEGREE], message.body[STATE]) for j, message in heard.items()}
+        else:
+            models = await self.send_compressed(node, model, carried)
         rule, param = o.robust_rule
         if rule == "mean":
-            self_weight, row = own_row(degree_weights(o.mixing, degree, heard))  # 3
-            await node.compute(mix, model, self_weight, [(w, heard[j].body[STATE]) for w, j in row], work=0)
+            self_weight, row = own_row({j: neighbour_weight(o.mixing, degree, d) for j, (d, _) in models.items()})  # 3
+            await node.compute(mix, model, self_weight, [(w, models[j][1]) for w, j in row], work=0)
         else:  # a robust rule in place of step 3's weighted mean
-            await node.compute(aggregate, model, [message.body[STATE] for message in heard.values()], rule, param,
-                               work=0)
-        return len(heard)
+            await node.compute(aggregate, model, [state for _, state in models.values()], rule, param, work=0)
+        return len(models)
+
+    async def send_compressed(self, node, model, carried: Carried) -> dict[int, tuple[int, dict]]:
+        """Step 2 with --sparsify; (degree, x̂_j) of each neighbour heard whose x̂_j is whole."""
+        o, copies = self.options, carried.copies
+        operator = Operator.parse("sparsify", o.sparsify)
+        x = await self.state(node, model)
+        q = operator.compress(difference(x, copies.public if o.error_feedback else carried.last_sent), node.np_rng)
+        copies.advance(operator.decompress(q, x))
+        if not o.error_feedback:
+            carried.last_sent = x
+        copies.send(node, "model", q, degree=len(node.in_neighbours))
+        heard = await node.gather("model", timeout=o.timeout, valid=copies.check(operator, node.num_nodes))
+        copies.receive(node, heard, operator)
+        return {j: (copies.degrees[j], copies.copies[j]) for j in heard if copies.in_step(j)}

@@ -53,6 +53,13 @@ RUNS = {
     "dpsgd-one-peer-stale": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
                                  seed=19, topology_schedule="one-peer-exponential",
                                  adversaries="fraction=0.25,kind=stale"),
+    "choco": dict(protocol="choco", topology="regular:d=4", nodes=8, rounds=7, model="mlp:hidden=16", seed=21,
+                  loss="0.15", timeout=0.5),  # lost increments: stale copies, asked for whole
+    "dpsgd-randk-error-feedback": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
+                                      seed=22, sparsify="randk:0.1", error_feedback=True, churn="up=0.4s,down=0.2s",
+                                      timeout=0.3),
+    "powergossip": dict(protocol="powergossip", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16",
+                        seed=23, power_steps=2, rank=2, loss="0.15", timeout=0.5),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",

@@ -456,7 +456,7 @@ def test_the_checker_accepts_marked_failures_and_shown_files(tmp_path):
         "# fails: an option of another protocol",
         "$ emulate --protocol local --mixing uniform",
         "$ emulate --protocol local --mixing uniform",
-        "emulate: error: --mixing: not an option of protocol 'local' (it is one of dfedavgm, dpsgd, gossip)",
+        "emulate: error: --mixing: not an option of protocol 'local' (it is one of choco, dfedavgm, dpsgd, gossip, powergossip)",
         "$ emulate report runs/A runs/B --partial",
         "$ emulate sweep --grid experiments/mapl_table4.yaml --dry-run",
         "```",

@@ -199,8 +199,8 @@ def _mask(lengths: list[int], length: int, device):
 # -- local SGD
 
 def _sgd_key(model, x, y, *, epochs, steps, lr, momentum, weight_decay, batch_size, generator, forward=None,
-             objective=None, parameters=None):
-    if forward is not None or objective is not None or parameters is not None:
+             objective=None, parameters=None, carried=None):
+    if forward is not None or objective is not None or parameters is not None or carried is not None:
         return None
     if not _batchable(model, x):
         return None

@@ -22,15 +22,16 @@ def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0)
 
 def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, weight_decay: float,
         batch_size: int, generator: torch.Generator, forward=None, objective=None,
-        parameters=None) -> tuple[float, int]:
+        parameters=None, carried: HeavyBall | None = None) -> tuple[float, int]:
     """Local SGD with heavy-ball momentum, buffer fresh each call; returns (mean loss, samples seen).
 
     forward(x_batch, y_batch) -> logits replaces model(x_batch), for a model whose forward pass needs more;
     objective(x_batch, y_batch) -> loss replaces the cross-entropy, and y may then hold any per-sample target.
     parameters: those SGD updates (default: all the model's).
+    carried: a HeavyBall to step with instead, whose momentum buffers carry from call to call.
     """
-    optimizer = torch.optim.SGD(model.parameters() if parameters is None else parameters, lr=lr, momentum=momentum,
-                                weight_decay=weight_decay)
+    optimizer = carried.optimizer if carried is not None else torch.optim.SGD(
+        model.parameters() if parameters is None else parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
     total, seen = 0.0, 0
     for _ in range(1 if steps else epochs):
@@ -49,6 +50,18 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
             seen += len(idx)
     model.zero_grad(set_to_none=True)  # a model's worth of memory per node between rounds
     return total / max(seen, 1), seen
+
+
+class HeavyBall:
+    """SGD with heavy-ball momentum whose buffers live as long as the model (CHOCO-SGD's local step)."""
+
+    def __init__(self, model, lr: float, momentum: float, weight_decay: float):
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def heavy_ball(model, lr: float, momentum: float, weight_decay: float) -> HeavyBall:
+    """A job: the model's HeavyBall, made where the model lives (keep it there)."""
+    return HeavyBall(model, lr, momentum, weight_decay)
 
 
 def accuracy(model, x, y, batch_size: int = 1024) -> float:
@@ -93,6 +106,14 @@ def mix(module: torch.nn.Module, self_weight: float, others: list[tuple[float, d
             for weight, other in others:
                 mixed.add_(other[name].to(value.device, value.dtype), alpha=weight)
             value.copy_(mixed)
+
+
+def shift(module: torch.nn.Module, delta: dict[str, torch.Tensor]) -> None:
+    """x <- x + delta, in place, over delta's entries."""
+    state = module.state_dict()
+    with torch.no_grad():
+        for name, value in delta.items():
+            state[name].add_(value.to(state[name].device, state[name].dtype))
 
 
 def aggregate(module: torch.nn.Module, others: list[dict], rule: str, param: float) -> None:

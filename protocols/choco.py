@@ -1,0 +1,76 @@
+"""CHOCO-SGD (Koloskova, Lin, Stich, Jaggi, ICLR 2020, Algorithm 2): compressed gossip with momentum SGD.
+
+Node i keeps x_i, its public copy x̂_i, and a copy x̂_j of each neighbour's; every x̂ starts at 0.
+Each round, node i:
+  1. takes --local-steps steps of SGD with heavy-ball momentum (the buffer carries between rounds):
+     x_i <- x_i^{t+1/2};
+  2. q_i = Q(x_i - x̂_i) with the operator --compress-op; x̂_i <- x̂_i + q_i;
+  3. sends q_i to its (out-)neighbours, and adds each q_j it hears to x̂_j;
+  4. x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), gamma = --consensus-step, w_ij Metropolis-Hastings
+     (or uniform) from the two degrees.
+The paper assumes every q_j arrives. Here a neighbour not heard keeps its last x̂_j in step 4; one whose
+increment went missing is asked for its whole x̂_j, which comes once, counted on the ledger
+(protocols/compression.py: PublicCopies).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emulator.compute import Resident
+from emulator.protocol import register
+from workloads.training import heavy_ball, shift
+
+from .common import LearningProtocol, MixingOptions, SGDOptions, check, default
+from .compression import Operator, PublicCopies, difference
+
+
+@dataclass
+class ChocoOptions(MixingOptions, SGDOptions):
+    local_steps: int = default(SGDOptions, "local_steps", 1)
+    compress_op: str = field(default="sign", metadata={
+        "help": "choco: Q, how x - x̂ is sent: topk:F, randk:F (F the share of each tensor's entries), sign, q8, "
+                "q4 or none"})
+    consensus_step: float = field(default=0.5, metadata={"help": "choco: gamma, the consensus step size"})
+
+    def validate(self):
+        super().validate()
+        Operator.parse("compress-op", self.compress_op)
+        check("consensus-step", self.consensus_step, 0 < self.consensus_step <= 1, "must be in (0, 1]")
+
+
+@dataclass
+class Carried:
+    """What a node carries from round to round: x_i, its momentum, x̂_i and the x̂_j."""
+    model: Resident
+    momentum: Resident
+    copies: PublicCopies
+
+
+@register("choco")
+class Choco(LearningProtocol):
+    """CHOCO-SGD: momentum SGD, then gossip of compressed differences to the public copies x̂."""
+    Options = ChocoOptions
+    averages_models = True
+    checkpoints = True
+    state_copies = 7.0  # x, its gradient and momentum, x̂_i and, on a ring, two x̂_j; a copy in flight
+
+    async def run(self, node):
+        o = self.options
+        operator = Operator.parse("compress-op", o.compress_op)
+        model, data = self.hold(node)
+        momentum = await node.compute(heavy_ball, model, o.lr, o.momentum, o.weight_decay, work=0, keep=True)
+        zeros = {name: value.zero_() for name, value in (await self.state(node, model)).items()}
+        copies = PublicCopies(public=zeros, start={k: v.clone() for k, v in zeros.items()})
+        node.carry(Carried(model, momentum, copies))
+        valid = copies.check(operator, node.num_nodes)
+        async for _ in node.rounds():
+            loss = await self.train(node, model, data, carried=momentum)  # 1
+            q = operator.compress(difference(await self.state(node, model), copies.public), node.np_rng)  # 2
+            copies.advance(operator.decompress(q, copies.public))
+            copies.send(node, "choco", q, degree=len(node.in_neighbours))  # 3
+            heard = await node.gather("choco", timeout=o.timeout, valid=valid)
+            copies.receive(node, heard, operator)
+            await node.compute(shift, model, copies.consensus(node, o.mixing, o.consensus_step), work=0)  # 4
+            node.snapshot(await self.state(node, model))
+            node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard),
+                     stale_copies=len(copies.stale))

@@ -1,0 +1,220 @@
+"""What the communication-efficient methods share; not a protocol (nothing here is registered).
+
+Compression operators Q (--compress-op, --sparsify), each per tensor of a state (name -> tensor):
+  topk:F   the ceil(F n) entries of largest magnitude, as values and their indices
+  randk:F  ceil(F n) entries drawn without replacement by the sender's generator, as values and indices
+  sign     one bit an entry (0 counts as +), packed 8 a byte, times the mean magnitude ||x||_1 / n
+           (the scale epfml/ChocoSGD uses)
+  q8, q4   unbiased stochastic rounding to 8 or 4 bits with the max-abs scale (the wire's --compress)
+  none     the tensor itself
+Indices travel in the narrowest unsigned type that holds the tensor's size, so the ledger counts
+k values and k indices, not the dense size.
+
+PublicCopies: x̂, the copy of a node's model that its neighbours rebuild from the compressed
+increments it sends (CHOCO-SGD's x̂_i, and error feedback's "what was sent so far"), and the node's
+copies of its neighbours' x̂_j. Lost increments are detected by a sequence number and repaired by one
+dense copy on request (see docs/compression.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from emulator import wire
+from emulator.errors import UsageError
+from topologies import neighbour_weight
+from workloads.lazy import LazyModule
+
+from .common import DEGREE, Check, expects, like, node_ids
+
+torch = LazyModule("torch")
+
+OPERATORS = ("topk", "randk", "sign", "q8", "q4", "none")
+INDEX_TYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+
+def index_type(size: int) -> type:
+    """The narrowest unsigned integer type that indexes `size` entries."""
+    return next(t for t in INDEX_TYPES if size - 1 <= np.iinfo(t).max)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """A compression operator Q: compress (state -> wire body) and decompress (body -> dense state)."""
+    name: str
+    fraction: float = 1.0  # topk and randk: the share of each tensor's entries sent
+
+    @classmethod
+    def parse(cls, flag: str, spec: str) -> Operator:
+        """`topk:0.01` and the like; a bad spec is a one-line UsageError naming `flag`."""
+        name, _, text = spec.partition(":")
+        sparse = name in ("topk", "randk")
+        try:
+            fraction = float(text) if sparse else 1.0
+        except ValueError:
+            fraction = math.nan
+        if name not in OPERATORS or (text and not sparse) or not 0 < fraction <= 1:
+            raise UsageError(f"--{flag} {spec!r}: choose topk:F or randk:F (0 < F <= 1), sign, q8, q4 or none")
+        return cls(name, fraction)
+
+    def kept(self, size: int) -> int:
+        """How many entries of a tensor of `size` a sparse operator sends."""
+        return min(size, max(1, math.ceil(self.fraction * size)))
+
+    def compress(self, state: dict, rng: np.random.Generator) -> dict:
+        return {name: self._compress(t.reshape(-1), rng) for name, t in state.items()}
+
+    def decompress(self, body: dict, like_state: dict) -> dict:
+        """The dense tensors `body` stands for, shaped and typed as like_state's."""
+        return {name: self._decompress(body[name], t.numel(), t.dtype).view(t.shape) for name, t in like_state.items()}
+
+    def check(self, like_state: dict) -> Check:
+        """A check of received compressed bodies of a state like `like_state`."""
+        return expects(**{name: self._check(t.numel(), t.dtype) for name, t in like_state.items()})
+
+    def _compress(self, flat, rng: np.random.Generator):
+        n = flat.numel()
+        if self.name in ("topk", "randk"):
+            k = self.kept(n)
+            if self.name == "topk":
+                index = flat.abs().topk(k, sorted=False).indices.sort().values
+            else:
+                index = torch.from_numpy(np.sort(rng.choice(n, k, replace=False)))
+            return {"i": index.numpy().astype(index_type(n)), "v": flat[index].clone()}
+        if self.name == "sign":
+            scale = float(flat.abs().mean()) if n else 0.0
+            return {"b": np.packbits((flat >= 0).numpy()), "s": scale}
+        if self.name in wire.QUANTISERS:
+            codes, scale = wire.quantise(flat, self.name, rng)
+            return {"c": codes, "s": scale}
+        return flat.clone()
+
+    def _decompress(self, part, n: int, dtype):
+        if self.name in ("topk", "randk"):
+            dense = torch.zeros(n, dtype=dtype)
+            dense[torch.from_numpy(part["i"].astype(np.int64))] = part["v"]
+            return dense
+        if self.name == "sign":
+            bits = torch.from_numpy(np.unpackbits(part["b"], count=n).astype(np.float32))
+            return bits.mul_(2).sub_(1).mul_(part["s"]).to(dtype)
+        if self.name in wire.QUANTISERS:
+            return wire.dequantise(part["c"], self.name, part["s"], n, dtype)
+        return part
+
+    def _check(self, n: int, dtype) -> Check:
+        if self.name in ("topk", "randk"):
+            k, kind = self.kept(n), index_type(n)
+            values = like(torch.zeros(k, dtype=dtype))
+            return lambda p: (isinstance(p, dict) and p.keys() == {"i", "v"} and isinstance(p["i"], np.ndarray)
+                              and p["i"].dtype == kind and p["i"].shape == (k,) and (k == 0 or int(p["i"].max()) < n)
+                              and values(p["v"]))
+        scale = _scale(dtype)
+        if self.name == "sign":
+            return expects(b=np.zeros((n + 7) // 8, np.uint8), s=scale)
+        if self.name in wire.QUANTISERS:
+            codes = torch.zeros(n, dtype=torch.int8) if self.name == "q8" else torch.zeros((n + 1) // 2,
+                                                                                           dtype=torch.uint8)
+            return expects(c=codes, s=scale)
+        return like(torch.zeros(n, dtype=dtype))
+
+
+def _scale(dtype) -> Check:
+    top = torch.finfo(dtype).max
+    return lambda s: type(s) is float and 0 <= s <= top
+
+
+def difference(a: dict, b: dict) -> dict:
+    return {name: a[name] - b[name] for name in a}
+
+
+# -- x̂: the public copies
+
+
+@dataclass
+class PublicCopies:
+    """x̂_i (what the neighbours rebuild of this node's model) and this node's x̂_j of each neighbour j.
+
+    Every copy starts at `start` (CHOCO: zeros; error feedback: the common x0), or, with start None
+    (--init independent), is unknown until x̂_j comes whole, as it does in j's first message. A sender
+    numbers its increments; a receiver that finds one missing keeps its last x̂_j, marks j stale and says
+    so in each message it sends; j then sends it its whole x̂_j once, and the ledger counts those bytes.
+    """
+    public: dict  # x̂_i
+    start: dict | None
+    seq: int = 0  # increments added to x̂_i
+    copies: dict = field(default_factory=dict)  # j -> x̂_j
+    seqs: dict = field(default_factory=dict)  # j -> the number of j's increments in this node's x̂_j
+    degrees: dict = field(default_factory=dict)  # j -> j's (in-)degree, from its last message
+    stale: list = field(default_factory=list)  # neighbours whose increments were missed
+    asked: list = field(default_factory=list)  # neighbours that asked this node for its whole x̂_i
+    refreshed: dict = field(default_factory=dict)  # j -> the round x̂_i was last sent whole to j
+
+    def advance(self, increment: dict) -> None:
+        """x̂_i += Q(...), as every neighbour will add it."""
+        for name, value in increment.items():
+            self.public[name].add_(value)
+        self.seq += 1
+
+    def send(self, node, kind: str, compressed: dict, **extra) -> None:
+        """The increment to every (out-)neighbour; x̂_i whole to those that asked for it and, when copies
+        have no common start, to those never sent it."""
+        head = {"seq": self.seq, "stale": self.stale, **extra}
+        whole = [j for j in node.neighbours if j in self.asked or (self.start is None and j not in self.refreshed)]
+        node.broadcast(kind, {**head, "delta": compressed}, to=[j for j in node.neighbours if j not in whole])
+        for j in whole:
+            node.send(j, kind, {**head, "whole": self.public})
+            self.refreshed[j] = node.round
+        self.asked = []
+
+    def check(self, operator: Operator, num_nodes: int) -> Check:
+        """A check of the bodies `send` writes: an increment or a whole x̂_j, never both."""
+        body = expects(optional=("delta", "whole"), seq=int, stale=node_ids(num_nodes), degree=int,
+                       delta=operator.check(self.public), whole=like(self.public))
+        return lambda b: body(b) and len(b.keys() & {"delta", "whole"}) == 1
+
+    def receive(self, node, heard: dict, operator: Operator) -> None:
+        """Add each heard increment to its x̂_j, or take a whole x̂_j; note what was missed and who asks."""
+        for j, message in heard.items():
+            body = message.body
+            self.degrees[j] = body[DEGREE]
+            if node.id in body["stale"] and self.refreshed.get(j) != node.round:  # not answered this round
+                self.asked.append(j)
+            if "whole" in body:
+                self.copies[j], self.seqs[j] = body["whole"], body["seq"]
+                self._mark(j, stale=False)
+            elif self.copy_of(j) is not None and body["seq"] == self.seqs.get(j, 0) + 1:
+                for name, value in operator.decompress(body["delta"], self.public).items():
+                    self.copies[j][name].add_(value)
+                self.seqs[j] = body["seq"]
+            else:
+                self._mark(j, stale=True)
+
+    def copy_of(self, j: int) -> dict | None:
+        """x̂_j as this node holds it (the start, if nothing came yet); None while unknown."""
+        if j not in self.copies and self.start is not None:
+            self.copies[j] = {k: v.clone() for k, v in self.start.items()}
+        return self.copies.get(j)
+
+    def in_step(self, j: int) -> bool:
+        """Whether this node's x̂_j has every increment j sent it so far."""
+        return j in self.copies and j not in self.stale
+
+    def _mark(self, j: int, stale: bool) -> None:
+        if stale and j not in self.stale:
+            self.stale = sorted([*self.stale, j])
+        elif not stale and j in self.stale:
+            self.stale = [k for k in self.stale if k != j]
+
+    def consensus(self, node, mixing: str, step: float) -> dict:
+        """gamma * sum_j w_ij (x̂_j - x̂_i) over the in-neighbours this node holds an x̂_j and a degree of."""
+        degree = len(node.in_neighbours)
+        rows = [(neighbour_weight(mixing, degree, self.degrees[j]), self.copies[j]) for j in node.in_neighbours
+                if j in self.degrees and j in self.copies]
+        shift = {name: torch.zeros_like(value) for name, value in self.public.items()}
+        for weight, copy in rows:
+            for name, value in shift.items():
+                value.add_(copy[name] - self.public[name], alpha=step * weight)
+        return shift
+
