@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+import matplotlib
 import networkx as nx
 import numpy as np
 from matplotlib.collections import LineCollection
@@ -484,13 +485,16 @@ def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
 
 
 def over_runs(curves: list[Curves]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds, and per round the mean and the sample std over runs of each run's mean over nodes (0: one run)."""
+    """Rounds, and per round the mean and the sample std over runs of each run's mean over nodes (0: one run);
+    only the rounds some run has a value in (with --eval-every K, the scored ones), so the line joins them."""
     rounds = np.unique(np.concatenate([c.rounds for c in curves]))
     means = np.full((len(curves), len(rounds)), np.nan)
     for i, c in enumerate(curves):
         means[i, np.searchsorted(rounds, c.rounds)] = c.mean
     values = np.ma.masked_invalid(means)
-    return rounds, values.mean(axis=0).filled(np.nan), values.std(axis=0, ddof=1).filled(0.0)
+    scored = ~np.ma.getmaskarray(values).all(axis=0)
+    return (rounds[scored], values.mean(axis=0).filled(np.nan)[scored],
+            values.std(axis=0, ddof=1).filled(0.0)[scored])
 
 
 def pareto_front(cost: np.ndarray, value: np.ndarray) -> np.ndarray:
@@ -500,7 +504,7 @@ def pareto_front(cost: np.ndarray, value: np.ndarray) -> np.ndarray:
     return order[np.r_[True, best[1:] > best[:-1]]]
 
 
-def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colours: dict[str, str]) -> Figure:
+def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colours: dict[str, str | tuple]) -> Figure:
     width = min(len(panels), 4)
     height = math.ceil(len(panels) / width)
     fig = _figure(3.4 * width + 2.0, 2.8 * height + 0.6)
@@ -520,7 +524,7 @@ def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colou
     return fig
 
 
-def _frontier(metric: str, finals: dict[str, list[tuple[float, float]]], colours: dict[str, str]) -> Figure:
+def _frontier(metric: str, finals: dict[str, list[tuple[float, float]]], colours: dict[str, str | tuple]) -> Figure:
     fig = _figure(7.0, 4.4)
     ax = fig.add_subplot()
     for row, points in finals.items():
@@ -550,7 +554,8 @@ def study_plots(folder: Path, rows: list[str], panels: dict[str, dict[str, dict[
     bytes (metric -> row -> points); a colour per row, in the order of `rows`. A plot that fails is skipped with a
     warning: the tables are written."""
     folder.mkdir(exist_ok=True)
-    colours = {row: f"C{k % 10}" for k, row in enumerate(rows)}
+    # matplotlib's 10 default colours while they suffice, then tab20's: no two rows share one up to 20
+    colours = {row: f"C{k}" if len(rows) <= 10 else matplotlib.colormaps["tab20"](k % 20) for k, row in enumerate(rows)}
     written = []
     for metric in panels:
         for name, draw in ((f"{metric}_by_round.png", lambda: _round_panels(metric, panels[metric], colours)),

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from emulator.compute import Resident
 from emulator.protocol import register
-from workloads.training import heavy_ball, shift
+from workloads.training import HeavyBall, shift
 
 from .common import LearningProtocol, MixingOptions, SGDOptions, check, default
-from .compression import Operator, PublicCopies, difference
+from .compression import Operator, PublicCopies, difference, on_host
 
 
 @dataclass
@@ -58,14 +58,14 @@ class Choco(LearningProtocol):
         o = self.options
         operator = Operator.parse("compress-op", o.compress_op)
         model, data = self.hold(node)
-        momentum = await node.compute(heavy_ball, model, o.lr, o.momentum, o.weight_decay, work=0, keep=True)
-        zeros = {name: value.zero_() for name, value in (await self.state(node, model)).items()}
+        momentum = await node.compute(HeavyBall, model, o.lr, o.momentum, o.weight_decay, work=0, keep=True)
+        zeros = {name: value.zero_() for name, value in on_host(await self.state(node, model)).items()}
         copies = PublicCopies(public=zeros, start={k: v.clone() for k, v in zeros.items()})
         node.carry(Carried(model, momentum, copies))
         valid = copies.check(operator, node.num_nodes)
         async for _ in node.rounds():
             loss = await self.train(node, model, data, carried=momentum)  # 1
-            q = operator.compress(difference(await self.state(node, model), copies.public), node.np_rng)  # 2
+            q = operator.compress(difference(on_host(await self.state(node, model)), copies.public), node.np_rng)  # 2
             copies.advance(operator.decompress(q, copies.public))
             copies.send(node, "choco", q, degree=len(node.in_neighbours))  # 3
             heard = await node.gather("choco", timeout=o.timeout, valid=valid)

@@ -129,6 +129,11 @@ def difference(a: dict, b: dict) -> dict:
     return {name: a[name] - b[name] for name in a}
 
 
+def on_host(state: dict) -> dict:
+    """The state in host memory (no copy there), where the copies x̂ live and the operators work."""
+    return {name: value.cpu() for name, value in state.items()}
+
+
 # -- x̂: the public copies
 
 

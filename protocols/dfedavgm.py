@@ -29,7 +29,7 @@ from topologies import neighbour_weight
 from workloads.training import aggregate, mix
 
 from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, like, own_row
-from .compression import Operator, PublicCopies, difference
+from .compression import Operator, PublicCopies, difference, on_host
 
 
 @dataclass
@@ -77,7 +77,7 @@ class DFedAvgM(LearningProtocol):
         o = self.options
         if o.sparsify == "none":
             return Carried(model)
-        x0 = await self.state(node, model)
+        x0 = on_host(await self.state(node, model))
         common = o.init == "common"  # then every node's x̂ starts at the x0 they all drew from the seed
         copies = PublicCopies(public=x0, start={k: v.clone() for k, v in x0.items()} if common else None)
         return Carried(model, copies, None if o.error_feedback else {k: v.clone() for k, v in x0.items()})
@@ -105,7 +105,7 @@ class DFedAvgM(LearningProtocol):
         """Step 2 with --sparsify; (degree, x̂_j) of each neighbour heard whose x̂_j is whole."""
         o, copies = self.options, carried.copies
         operator = Operator.parse("sparsify", o.sparsify)
-        x = await self.state(node, model)
+        x = on_host(await self.state(node, model))
         q = operator.compress(difference(x, copies.public if o.error_feedback else carried.last_sent), node.np_rng)
         copies.advance(operator.decompress(q, x))
         if not o.error_feedback:

@@ -31,6 +31,7 @@ from workloads.lazy import LazyModule
 from workloads.training import shift
 
 from .common import DEGREE, LearningProtocol, MixingOptions, SGDOptions, check, default, expects
+from .compression import on_host
 
 torch = LazyModule("torch")
 
@@ -91,36 +92,43 @@ class PowerGossip(LearningProtocol):
 
     async def power_step(self, node, model, carried: Carried, shapes: dict, k: int, valid) -> int:
         """Steps 1-2 with every neighbour; returns how many were heard."""
-        o, step, even = self.options, carried.step, carried.step % 2 == 0
-        degree = len(node.in_neighbours)
-        x = await self.state(node, model)
+        x = on_host(await self.state(node, model))
         matrices = {name: as_matrix(value) for name, value in x.items()}
         peers = [j for j in node.neighbours if j in node.in_neighbours]  # pairs: both send, both hear
-        sent = {}
-        for j in peers:
-            pair = carried.pairs.get(j)
-            if pair is None or pair["drawn"] + pair["done"] != step:  # new, or it missed an exchange: redraw
-                pair = carried.pairs[j] = self.draw(node, j, shapes, step)
-            basis = pair["basis"] = {name: torch.linalg.qr(b).Q for name, b in pair["basis"].items()}  # 1
-            sent[j] = {name: (m.T if even else m) @ basis[name] for name, m in matrices.items()}
-            node.send(j, f"power-{k}", {DEGREE: degree, "pair": [pair["drawn"], pair["done"]], "products": sent[j]})
-        heard = await node.gather(f"power-{k}", peers=peers, timeout=o.timeout, valid=valid)
+        sent = {j: self.send_products(node, carried, j, matrices, shapes, k) for j in peers}  # 1
+        heard = await node.gather(f"power-{k}", peers=peers, timeout=self.options.timeout, valid=valid)
         update = {name: torch.zeros_like(m) for name, m in matrices.items()}
         for j, message in heard.items():  # 2
-            pair, body = carried.pairs[j], message.body
-            if body["pair"] != [pair["drawn"], pair["done"]]:  # out of step: both sides redraw at the next step
-                continue
-            hi = node.id > j
-            w = neighbour_weight(o.mixing, degree, body[DEGREE])
-            for name, mine in sent[j].items():
-                theirs, b = body["products"][name], pair["basis"][name]
-                d = mine - theirs if hi else theirs - mine
-                update[name].add_(b @ d.T if even else d @ b.T, alpha=-w if hi else w)
-                pair["basis"][name] = d
-            pair["done"] += 1
+            self.add_pair_update(update, node, carried, j, sent[j], message.body)
         carried.step += 1
         await node.compute(shift, model, {name: value.view(x[name].shape) for name, value in update.items()}, work=0)
         return len(heard)
+
+    def send_products(self, node, carried: Carried, j: int, matrices: dict, shapes: dict, k: int) -> dict:
+        """Step 1 with neighbour j: orthonormalise the pair's basis, send M^T b or M b; what was sent."""
+        step = carried.step
+        pair = carried.pairs.get(j)
+        if pair is None or pair["drawn"] + pair["done"] != step:  # new, or it missed an exchange: redraw
+            pair = carried.pairs[j] = self.draw(node, j, shapes, step)
+        basis = pair["basis"] = {name: torch.linalg.qr(b).Q for name, b in pair["basis"].items()}
+        products = {name: (m.T if step % 2 == 0 else m) @ basis[name] for name, m in matrices.items()}
+        node.send(j, f"power-{k}", {DEGREE: len(node.in_neighbours), "pair": [pair["drawn"], pair["done"]],
+                                    "products": products})
+        return products
+
+    def add_pair_update(self, update: dict, node, carried: Carried, j: int, mine: dict, body: dict) -> None:
+        """Step 2 with neighbour j: add -+w_ij times the rank-r projection of the pair's difference."""
+        pair, even = carried.pairs[j], carried.step % 2 == 0
+        if body["pair"] != [pair["drawn"], pair["done"]]:  # out of step: both sides redraw at the next step
+            return
+        hi = node.id > j
+        w = neighbour_weight(self.options.mixing, len(node.in_neighbours), body[DEGREE])
+        for name, product in mine.items():
+            theirs, b = body["products"][name], pair["basis"][name]
+            d = product - theirs if hi else theirs - product  # (M_hi - M_lo)^T b, or (M_hi - M_lo) b
+            update[name].add_(b @ d.T if even else d @ b.T, alpha=-w if hi else w)
+            pair["basis"][name] = d
+        pair["done"] += 1
 
     def draw(self, node, j: int, shapes: dict, step: int) -> dict:
         """The pair's basis for `step`, from the stream both sides derive from the seed and the pair."""

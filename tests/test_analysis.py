@@ -5,6 +5,7 @@ import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -241,3 +242,15 @@ def test_ready_made_experiments_are_valid_grids():
     assert grids
     for grid in grids:
         assert main(["sweep", "--grid", str(grid), "--dry-run"]) == 0, grid
+
+
+def test_a_sweeps_round_plot_joins_the_scored_rounds_of_eval_every():
+    from analysis.plots import over_runs
+    from analysis.rundir import Curves
+
+    nan = float("nan")
+    scored = [[nan, 0.5, nan, 0.7], [nan, 0.6, nan, 0.8]]  # --eval-every 2: rounds 1 and 3 scored
+    curves = [Curves("test_acc", np.arange(4), np.array([row]), np.zeros((1, 4)), np.zeros(4)) for row in scored]
+    rounds, mean, std = over_runs(curves)
+    assert rounds.tolist() == [1, 3] and mean == pytest.approx([0.55, 0.75]) and std == pytest.approx([0.0707, 0.0707],
+                                                                                                       abs=1e-4)

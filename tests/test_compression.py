@@ -185,15 +185,18 @@ def _frame(kind: str, rnd: int, body) -> int:
     return len(wire.encode([kind, rnd, body]))
 
 
-@pytest.mark.parametrize("spec", ["topk:0.01", "randk:0.1", "sign", "q4"])
-def test_every_compressed_message_is_exactly_its_frame(spec, tmp_path):
-    _, _, messages = _run(tmp_path / "run", "--nodes", "5", "--rounds", "3", "--model", "mlp:hidden=32",
-                          "--protocol", "choco", "--compress-op", spec)
+@pytest.mark.parametrize("flags", [["--protocol", "choco", "--compress-op", "topk:0.01"],
+                                   ["--protocol", "choco", "--compress-op", "randk:0.1"],
+                                   ["--protocol", "choco", "--compress-op", "sign"],
+                                   ["--protocol", "choco", "--compress-op", "q4"],
+                                   ["--protocol", "dpsgd", "--sparsify", "topk:0.01", "--error-feedback"]])
+def test_every_compressed_message_is_exactly_its_frame(flags, tmp_path):
+    _, _, messages = _run(tmp_path / "run", "--nodes", "5", "--rounds", "3", "--model", "mlp:hidden=32", *flags)
     state = float_state(build_model("mlp:hidden=32", (1, 8, 8), 10))
-    op = Operator.parse("compress-op", spec)
+    op, kind = Operator.parse("compress-op", flags[3]), "choco" if flags[1] == "choco" else "model"
     for m in messages:
         body = {"seq": m["round"] + 1, "stale": [], "degree": 2, "delta": op.compress(state, np.random.default_rng(0))}
-        assert m["bytes"] == _frame("choco", m["round"], body)
+        assert m["kind"] == kind and m["bytes"] == _frame(kind, m["round"], body)
     assert len(messages) == 5 * 2 * 3
 
 

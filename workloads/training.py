@@ -53,15 +53,11 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
 
 
 class HeavyBall:
-    """SGD with heavy-ball momentum whose buffers live as long as the model (CHOCO-SGD's local step)."""
+    """SGD with heavy-ball momentum whose buffers live as long as the model (CHOCO-SGD's local step).
+    Make it as a job, where the model lives, and keep it there: node.compute(HeavyBall, model, ..., keep=True)."""
 
     def __init__(self, model, lr: float, momentum: float, weight_decay: float):
         self.optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-
-
-def heavy_ball(model, lr: float, momentum: float, weight_decay: float) -> HeavyBall:
-    """A job: the model's HeavyBall, made where the model lives (keep it there)."""
-    return HeavyBall(model, lr, momentum, weight_decay)
 
 
 def accuracy(model, x, y, batch_size: int = 1024) -> float:
