@@ -20,7 +20,7 @@ from rich.table import Table
 from scale import peak_rss  # this folder is on sys.path when a benchmark runs
 
 PROTOCOLS = ("gossip", "push-sum", "local", "dpsgd", "dfedavgm", "gossip-learning", "fedavg", "l2c",
-             "meta-l2c", "mapl", "mapl+")
+             "meta-l2c", "mapl", "mapl+", "choco", "powergossip")
 
 
 def flags(protocol: str, nodes: int, rounds: int, model: str) -> list[str]:

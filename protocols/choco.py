@@ -8,9 +8,10 @@ Each round, node i:
   3. sends q_i to its (out-)neighbours, and adds each q_j it hears to x̂_j;
   4. x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), gamma = --consensus-step, w_ij Metropolis-Hastings
      (or uniform) from the two degrees.
-The paper assumes every q_j arrives. Here a neighbour not heard keeps its last x̂_j in step 4; one whose
-increment went missing is asked for its whole x̂_j, which comes once, counted on the ledger
-(protocols/compression.py: PublicCopies).
+The paper assumes every q_j arrives. Here a neighbour not heard this round keeps its x̂_j for later, and
+in step 4 gives its weight back to i (--silent-neighbours drop) or counts with that last x̂_j (keep).
+A copy x̂_j that missed an increment is left out of step 4 until j, asked, sends its x̂_j whole once,
+counted on the ledger (protocols/compression.py: PublicCopies).
 """
 from __future__ import annotations
 
@@ -31,11 +32,16 @@ class ChocoOptions(MixingOptions, SGDOptions):
         "help": "choco: Q, how x - x̂ is sent: topk:F, randk:F (F the share of each tensor's entries), sign, q8, "
                 "q4 or none"})
     consensus_step: float = field(default=0.5, metadata={"help": "choco: gamma, the consensus step size"})
+    silent_neighbours: str = field(default="drop", metadata={
+        "help": "choco: a neighbour not heard this round is left out of the consensus step, its weight kept by the "
+                "node (drop), or counted with its last x̂ (keep)"})
 
     def validate(self):
         super().validate()
         Operator.parse("compress-op", self.compress_op)
         check("consensus-step", self.consensus_step, 0 < self.consensus_step <= 1, "must be in (0, 1]")
+        check("silent-neighbours", repr(self.silent_neighbours), self.silent_neighbours in ("drop", "keep"),
+              "choose drop or keep")
 
 
 @dataclass
@@ -52,7 +58,9 @@ class Choco(LearningProtocol):
     Options = ChocoOptions
     averages_models = True
     checkpoints = True
-    state_copies = 7.0  # x, its gradient and momentum, x̂_i and, on a ring, two x̂_j; a copy in flight
+    # x, its momentum, x̂_i, an x̂_j per neighbour, the snapshot, frames in flight: 12.3 measured on a
+    # 4-regular graph (./dev bench memory, docs/compression.md)
+    state_copies = 12.0
 
     async def run(self, node):
         o = self.options
@@ -60,7 +68,8 @@ class Choco(LearningProtocol):
         model, data = self.hold(node)
         momentum = await node.compute(HeavyBall, model, o.lr, o.momentum, o.weight_decay, work=0, keep=True)
         zeros = {name: value.zero_() for name, value in on_host(await self.state(node, model)).items()}
-        copies = PublicCopies(public=zeros, start={k: v.clone() for k, v in zeros.items()})
+        # every x̂_j starts at 0: a broadcast view of one zero holds that start in no memory
+        copies = PublicCopies(public=zeros, start={k: v.new_zeros(()).expand(v.shape) for k, v in zeros.items()})
         node.carry(Carried(model, momentum, copies))
         valid = copies.check(operator, node.num_nodes)
         async for _ in node.rounds():
@@ -70,7 +79,8 @@ class Choco(LearningProtocol):
             copies.send(node, "choco", q, degree=len(node.in_neighbours))  # 3
             heard = await node.gather("choco", timeout=o.timeout, valid=valid)
             copies.receive(node, heard, operator)
-            await node.compute(shift, model, copies.consensus(node, o.mixing, o.consensus_step), work=0)  # 4
+            among = heard if o.silent_neighbours == "drop" else None
+            await node.compute(shift, model, copies.consensus(node, o.mixing, o.consensus_step, among), work=0)  # 4
             node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard),
                      stale_copies=len(copies.stale))

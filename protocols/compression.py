@@ -212,14 +212,14 @@ class PublicCopies:
         elif not stale and j in self.stale:
             self.stale = [k for k in self.stale if k != j]
 
-    def consensus(self, node, mixing: str, step: float) -> dict:
-        """gamma * sum_j w_ij (x̂_j - x̂_i) over the in-neighbours this node holds an x̂_j and a degree of."""
+    def consensus(self, node, mixing: str, step: float, among: dict | None = None) -> dict:
+        """gamma * sum_j w_ij (x̂_j - x̂_i) over the in-neighbours (those in `among`, if given) whose x̂_j this
+        node holds whole and whose degree it knows; a stale x̂_j, off by the increments it missed, waits."""
         degree = len(node.in_neighbours)
         rows = [(neighbour_weight(mixing, degree, self.degrees[j]), self.copies[j]) for j in node.in_neighbours
-                if j in self.degrees and j in self.copies]
+                if j in self.degrees and self.in_step(j) and (among is None or j in among)]
         shift = {name: torch.zeros_like(value) for name, value in self.public.items()}
         for weight, copy in rows:
             for name, value in shift.items():
                 value.add_(copy[name] - self.public[name], alpha=step * weight)
         return shift
-

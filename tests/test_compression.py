@@ -74,6 +74,7 @@ def test_a_bad_operator_is_named(spec):
 @pytest.mark.parametrize("flags, named", [
     (["--protocol", "choco", "--compress-op", "topk:2"], "--compress-op"),
     (["--protocol", "choco", "--consensus-step", "0"], "--consensus-step"),
+    (["--protocol", "choco", "--silent-neighbours", "forget"], "--silent-neighbours"),
     (["--protocol", "dpsgd", "--sparsify", "top"], "--sparsify"),
     (["--protocol", "dfedavgm", "--error-feedback"], "--error-feedback"),
     (["--protocol", "powergossip", "--rank", "0"], "--rank"),
@@ -235,3 +236,14 @@ def test_under_churn_every_method_finishes_the_same_way_twice(flags, tmp_path):
     assert len(rows) == 10 * 8 and first["dropped_offline"] > 0 and first["dropped_loss"] > 0
     whole = 4 * (16 * 64 + 16 + 10 * 16 + 10)  # float32 bytes of an x̂ sent whole, after a lost increment
     assert any(m["bytes"] > whole for m in messages) != ("powergossip" in flags)
+
+
+def test_silent_neighbours_only_matter_when_a_neighbour_is_silent(tmp_path):
+    base = ["--nodes", "8", "--rounds", "6", "--model", "mlp:hidden=16", "--protocol", "choco", "--seed", "3"]
+    churn = ["--churn", "up=0.4s,down=0.2s", "--timeout", "0.3"]
+    metrics = {}
+    for name, flags in {"drop": [], "keep": ["--silent-neighbours", "keep"], "drop-churn": churn,
+                        "keep-churn": [*churn, "--silent-neighbours", "keep"]}.items():
+        _, metrics[name], _ = _run(tmp_path / name, *base, *flags)
+    assert metrics["drop"] == metrics["keep"]  # everyone heard every round: one run
+    assert metrics["drop-churn"] != metrics["keep-churn"]
