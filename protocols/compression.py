@@ -203,7 +203,7 @@ class PublicCopies:
         return self.copies.get(j)
 
     def in_step(self, j: int) -> bool:
-        """Whether this node's x̂_j has every increment j sent it so far."""
+        """Whether this node holds x̂_j and has found none of j's increments missing since it was last whole."""
         return j in self.copies and j not in self.stale
 
     def _mark(self, j: int, stale: bool) -> None:

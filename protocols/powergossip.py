@@ -70,7 +70,7 @@ class PowerGossip(LearningProtocol):
     Options = PowerGossipOptions
     averages_models = True
     checkpoints = True
-    state_copies = 8.0  # 7.6 measured on a 4-regular graph (./dev bench memory, docs/compression.md)
+    state_copies = 7.0  # 6.6 measured on a 4-regular graph (./dev bench memory, docs/compression.md)
 
     async def run(self, node):
         o = self.options
@@ -94,15 +94,17 @@ class PowerGossip(LearningProtocol):
     async def power_step(self, node, model, carried: Carried, shapes: dict, k: int, valid) -> int:
         """Steps 1-2 with every neighbour; returns how many were heard."""
         x = on_host(await self.state(node, model))
+        sizes = {name: value.shape for name, value in x.items()}
         matrices = {name: as_matrix(value) for name, value in x.items()}
         peers = [j for j in node.neighbours if j in node.in_neighbours]  # pairs: both send, both hear
         sent = {j: self.send_products(node, carried, j, matrices, shapes, k) for j in peers}  # 1
+        del x, matrices  # not held while the node waits: a model's worth per node
         heard = await node.gather(f"power-{k}", peers=peers, timeout=self.options.timeout, valid=valid)
-        update = {name: torch.zeros_like(m) for name, m in matrices.items()}
+        update = {name: torch.zeros(shape) for name, shape in shapes.items()}
         for j, message in heard.items():  # 2
             self.add_pair_update(update, node, carried, j, sent[j], message.body)
         carried.step += 1
-        await node.compute(shift, model, {name: value.view(x[name].shape) for name, value in update.items()}, work=0)
+        await node.compute(shift, model, {name: value.view(sizes[name]) for name, value in update.items()}, work=0)
         return len(heard)
 
     def send_products(self, node, carried: Carried, j: int, matrices: dict, shapes: dict, k: int) -> dict:
