@@ -129,6 +129,10 @@ def difference(a: dict, b: dict) -> dict:
     return {name: a[name] - b[name] for name in a}
 
 
+def copied(state: dict) -> dict:
+    return {name: value.clone() for name, value in state.items()}
+
+
 def on_host(state: dict) -> dict:
     """The state in host memory (no copy there), where the copies x̂ live and the operators work."""
     return {name: value.cpu() for name, value in state.items()}
@@ -199,7 +203,7 @@ class PublicCopies:
     def copy_of(self, j: int) -> dict | None:
         """x̂_j as this node holds it (the start, if nothing came yet); None while unknown."""
         if j not in self.copies and self.start is not None:
-            self.copies[j] = {k: v.clone() for k, v in self.start.items()}
+            self.copies[j] = copied(self.start)
         return self.copies.get(j)
 
     def in_step(self, j: int) -> bool:

@@ -29,7 +29,7 @@ from topologies import neighbour_weight
 from workloads.training import aggregate, mix
 
 from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, like, own_row
-from .compression import Operator, PublicCopies, difference, on_host
+from .compression import Operator, PublicCopies, copied, difference, on_host
 
 
 @dataclass
@@ -43,9 +43,12 @@ class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
 
     def validate(self):
         super().validate()
-        Operator.parse("sparsify", self.sparsify)
-        if self.error_feedback and self.sparsify == "none":
+        if self.operator.name == "none" and self.error_feedback:  # the operator first: parsing it checks it
             raise UsageError("--error-feedback: needs --sparsify")
+
+    @property
+    def operator(self) -> Operator:
+        return Operator.parse("sparsify", self.sparsify)
 
 
 @dataclass
@@ -67,9 +70,10 @@ class DFedAvgM(LearningProtocol):
     async def run(self, node):
         model, data = self.hold(node)
         carried = node.carry(await self.carried(node, model))
+        valid = None if carried.copies is None else carried.copies.check(self.options.operator, node.num_nodes)
         async for _ in node.rounds():
             loss = await self.train(node, model, data)  # 1
-            heard_from = await self.average(node, model, carried)  # 2-3
+            heard_from = await self.average(node, model, carried, valid)  # 2-3
             node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=heard_from)
 
@@ -79,11 +83,12 @@ class DFedAvgM(LearningProtocol):
             return Carried(model)
         x0 = on_host(await self.state(node, model))
         common = o.init == "common"  # then every node's x̂ starts at the x0 they all drew from the seed
-        copies = PublicCopies(public=x0, start={k: v.clone() for k, v in x0.items()} if common else None)
-        return Carried(model, copies, None if o.error_feedback else {k: v.clone() for k, v in x0.items()})
+        copies = PublicCopies(public=x0, start=copied(x0) if common else None)
+        return Carried(model, copies, None if o.error_feedback else copied(x0))
 
-    async def average(self, node, model, carried: Carried) -> int:
-        """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed."""
+    async def average(self, node, model, carried: Carried, valid=None) -> int:
+        """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed.
+        valid: with --sparsify, the check of what the neighbours send."""
         o = self.options
         degree = len(node.in_neighbours)
         if carried.copies is None:
@@ -92,7 +97,7 @@ class DFedAvgM(LearningProtocol):
             heard = await node.gather("model", timeout=o.timeout, valid=like(body))
             models = {j: (message.body[DEGREE], message.body[STATE]) for j, message in heard.items()}
         else:
-            models = await self.send_compressed(node, model, carried)
+            models = await self.send_compressed(node, model, carried, valid)
         rule, param = o.robust_rule
         if rule == "mean":
             self_weight, row = own_row({j: neighbour_weight(o.mixing, degree, d) for j, (d, _) in models.items()})  # 3
@@ -101,16 +106,16 @@ class DFedAvgM(LearningProtocol):
             await node.compute(aggregate, model, [state for _, state in models.values()], rule, param, work=0)
         return len(models)
 
-    async def send_compressed(self, node, model, carried: Carried) -> dict[int, tuple[int, dict]]:
+    async def send_compressed(self, node, model, carried: Carried, valid) -> dict[int, tuple[int, dict]]:
         """Step 2 with --sparsify; (degree, x̂_j) of each neighbour heard whose x̂_j is whole."""
         o, copies = self.options, carried.copies
-        operator = Operator.parse("sparsify", o.sparsify)
+        operator = o.operator
         x = on_host(await self.state(node, model))
         q = operator.compress(difference(x, copies.public if o.error_feedback else carried.last_sent), node.np_rng)
         copies.advance(operator.decompress(q, x))
         if not o.error_feedback:
             carried.last_sent = x
         copies.send(node, "model", q, degree=len(node.in_neighbours))
-        heard = await node.gather("model", timeout=o.timeout, valid=copies.check(operator, node.num_nodes))
+        heard = await node.gather("model", timeout=o.timeout, valid=valid)
         copies.receive(node, heard, operator)
         return {j: (copies.degrees[j], copies.copies[j]) for j in heard if copies.in_step(j)}

@@ -130,6 +130,15 @@ def assert_one_line_error(capsys, named: str) -> str:
     return lines[0]
 
 
+def assert_refused(capsys, argv: list[str], named: str, out) -> None:
+    """`emulate ARGV --out OUT` exits 2 with one line on stderr naming `named`, and leaves no run directory."""
+    from app.cli import main
+
+    assert main([*argv, "--out", str(out)]) == 2
+    assert_one_line_error(capsys, named)
+    assert not out.exists()
+
+
 @pytest.fixture
 def two_nodes() -> nx.Graph:
     return nx.path_graph(2)

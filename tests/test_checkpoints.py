@@ -18,7 +18,7 @@ from app.cli import main
 from app.run import run
 from emulator.protocol import protocols
 from protocols.dfedavgm import DFedAvgM
-from tests.conftest import assert_one_line_error
+from tests.conftest import assert_one_line_error, assert_refused
 
 STREAMED = ("metrics.jsonl", "links.csv", "messages.jsonl")
 QUIET = dict(trace=True, quiet=True, no_plots=True)
@@ -241,10 +241,8 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
 
 def test_a_protocol_that_declares_no_carried_state_is_refused(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(DFedAvgM, "checkpoints", False)  # as a plugin that never calls node.carry
-    assert main(["--protocol", "dfedavgm", "--checkpoint-every", "2", "--rounds", "3", "--quiet",
-                 "--out", str(tmp_path / "r")]) == 2
-    assert_one_line_error(capsys, "does not declare")
-    assert not (tmp_path / "r").exists()
+    assert_refused(capsys, ["--protocol", "dfedavgm", "--checkpoint-every", "2", "--rounds", "3", "--quiet"],
+                   "does not declare", tmp_path / "r")
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -253,6 +251,4 @@ def test_a_protocol_that_declares_no_carried_state_is_refused(monkeypatch, tmp_p
     (["--checkpoint-every", "-1"], "--checkpoint-every"),
 ])
 def test_runs_a_checkpoint_cannot_hold_are_refused(flags, named, tmp_path, capsys):
-    assert main([*flags, "--rounds", "3", "--quiet", "--out", str(tmp_path / "r")]) == 2
-    assert_one_line_error(capsys, named)
-    assert not (tmp_path / "r").exists()
+    assert_refused(capsys, [*flags, "--rounds", "3", "--quiet"], named, tmp_path / "r")
