@@ -29,7 +29,8 @@ def write(path: Path, digest: str, config_hash: str, rnd: int, state: dict, tens
                              "tensors": save(tensors)}, use_bin_type=True)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as fh:
-        fh.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+        for part in (MAGIC, hashlib.sha256(payload).digest(), payload):  # no joined copy of a large payload
+            fh.write(part)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(partial, path)
@@ -63,7 +64,7 @@ def _whole(path: Path) -> dict:
         data = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{path.parent}: no checkpoint to resume from (run it with --checkpoint-every K)") from None
-    head, payload = data[:len(MAGIC) + 32], data[len(MAGIC) + 32:]
+    head, payload = data[:len(MAGIC) + 32], memoryview(data)[len(MAGIC) + 32:]  # no copy of the payload
     if not head.startswith(MAGIC) or hashlib.sha256(payload).digest() != head[len(MAGIC):]:
         raise UsageError(f"{path}: fails its checksum (damaged or cut short); it cannot be resumed from")
     return msgpack.unpackb(payload, raw=False, strict_map_key=False)

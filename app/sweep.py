@@ -255,6 +255,8 @@ def is_current(out: Path, argv: list[str]) -> bool:
 
 def resume_or_run(out: Path, point: Point) -> list[str]:
     """`emulate` arguments for a point: resume an interrupted run of its settings from its checkpoint, or run it."""
+    if not (out / checkpoints.NAME).exists():  # most points: nothing to resolve or read
+        return point.argv(out)
     config, options = cli.resolve([*flags(point.settings), "--out", str(out)], protocols())
     if checkpoints.resumable(out, cfg.config_hash(config, options)):
         return ["resume", str(out)]

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from . import wire
 from .compute import Resident
 from .dynamics import EdgeFaults
@@ -111,6 +113,13 @@ def set_numpy_state(generator, state: str) -> None:
     generator.bit_generator.state = json.loads(state)
 
 
+def numpy_generator(state: str) -> np.random.Generator:
+    """A numpy Generator in a saved state (the state is all of it: which stream it came from no longer matters)."""
+    generator = np.random.default_rng()
+    set_numpy_state(generator, state)
+    return generator
+
+
 # -- the network, the ledger and the recorder
 
 def capture_network(network, recorder, clock) -> dict:
@@ -145,8 +154,7 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
         if rng is not None:
             set_random_state(link.rng, rng)
         if corrupt is not None:
-            link._corrupt_rng = network.seeds.numpy("link.corrupt", src, dst)
-            set_numpy_state(link._corrupt_rng, corrupt)
+            link._corrupt_rng = numpy_generator(corrupt)
         link.counters[:] = counters  # the ledger's row: the link holds a reference to it
     for capacity, free_at in zip((*network.uplinks, *network.downlinks), saved["uplinks"] + saved["downlinks"]):
         capacity.free_at = free_at
@@ -179,12 +187,11 @@ def capture_adversaries(adversaries) -> dict | None:
             "first": [[src, kind, bytes(wire.encode(body))] for (src, kind), body in adversaries._first.items()]}
 
 
-def restore_adversaries(saved: dict | None, adversaries, seeds) -> None:
+def restore_adversaries(saved: dict | None, adversaries) -> None:
     if adversaries is None:
         return
     for src, state in saved["rngs"].items():
-        generator = adversaries._rngs[src] = seeds.numpy("adversary", src)
-        set_numpy_state(generator, state)
+        adversaries._rngs[src] = numpy_generator(state)
     adversaries._first.update({(src, kind): wire.decode(body) for src, kind, body in saved["first"]})
 
 
@@ -206,7 +213,7 @@ def capture_dynamics(availability, faults, clock) -> dict:
     return saved
 
 
-def restore_dynamics(saved: dict, availability, faults, clock, seeds) -> None:
+def restore_dynamics(saved: dict, availability, faults, clock) -> None:
     if availability is not None:
         state = saved["availability"]
         availability._holds[:] = state["holds"]
@@ -215,15 +222,11 @@ def restore_dynamics(saved: dict, availability, faults, clock, seeds) -> None:
         availability.crashed.update(state["crashed"])
         for when, name, args in state["pending"]:
             if name.startswith("_churn"):  # (node, the node's churn generator)
-                rng = seeds.numpy("churn", args[0])
-                set_numpy_state(rng, args[1])
-                args = [args[0], rng]
+                args = [args[0], numpy_generator(args[1])]
             clock.schedule(when, getattr(availability, name), *args)
     if faults is not None:
         for u, v, down, next_change, rng in saved["edges"]:
-            generator = seeds.numpy("link.failures", u, v)
-            set_numpy_state(generator, rng)
-            faults._edges[u, v] = EdgeFaults(down, next_change, generator)
+            faults._edges[u, v] = EdgeFaults(down, next_change, numpy_generator(rng))
 
 
 # -- a node: its generators, its resident objects and what it carries
@@ -236,11 +239,20 @@ class Residents:
         self.save, self.load = save, load
 
 
-def capture_node(node, executor, residents: Residents, tensors: dict) -> dict:
-    """A node's part of the state; its resident objects' tensors go into `tensors`."""
+def residents_by_node(store: dict) -> dict[int, list[tuple[int, Any]]]:
+    """An executor's store, {(node, key): object}, as each node's [(key, object)] in the store's order."""
+    owned: dict[int, list] = {}
+    for (owner, key), obj in store.items():
+        owned.setdefault(owner, []).append((key, obj))
+    return owned
+
+
+def capture_node(node, owned: list[tuple[int, Any]], residents: Residents, tensors: dict) -> dict:
+    """A node's part of the state; the tensors of its resident objects (`owned`, from residents_by_node) go
+    into `tensors`."""
     kept = []
-    for (owner, key), obj in executor.store.items():
-        saved = residents.save(obj) if owner == node.id else None
+    for key, obj in owned:
+        saved = residents.save(obj)
         if saved is not None:
             kept.append(key)
             tensors.update({f"{node.id}/{key}/{name}": t for name, t in saved.items()})
@@ -252,7 +264,8 @@ def capture_node(node, executor, residents: Residents, tensors: dict) -> dict:
 
 
 def restore_node(node, saved: dict, tensors: dict, executor, residents: Residents) -> None:
-    """Put a node's saved state back, once its protocol has set up (so its resident objects exist)."""
+    """Put a node's saved state back, once its protocol has set up (so its resident objects exist);
+    tensors: {(node, key): {name: tensor}}, as Resume groups them."""
     if saved["rng"] is not None:
         set_random_state(node.rng, saved["rng"])
     if saved["np_rng"] is not None:
@@ -260,9 +273,7 @@ def restore_node(node, saved: dict, tensors: dict, executor, residents: Resident
     if saved["torch_generator"] is not None and node._torch_generator is None:
         node.keep_torch_generator(saved["torch_generator"])  # made on first use: maybe not yet, in a resumed run
     for key in saved["residents"]:
-        prefix = f"{node.id}/{key}/"
-        residents.load(executor.store[node.id, key],
-                       {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)})
+        residents.load(executor.store[node.id, key], tensors.get((node.id, key), {}))
     node._context.compute.set_keys(node.id, saved["keys"])
 
 
@@ -271,7 +282,11 @@ class Resume:
 
     def __init__(self, saved: dict, tensors: dict, executor, residents: Residents):
         self.round, self.nodes = saved["round"], saved["nodes"]
-        self.tensors, self.executor, self.residents = tensors, executor, residents
+        self.executor, self.residents = executor, residents
+        self.tensors: dict[tuple[int, int], dict] = {}  # grouped once: each node finds its own at once
+        for name, t in tensors.items():
+            node, key, rest = name.split("/", 2)
+            self.tensors.setdefault((int(node), int(key)), {})[rest] = t
 
     def refill(self, node, state) -> None:
         """What the node carried, back into its fresh state object (an object field: into that object)."""

@@ -72,10 +72,15 @@ def run_job(store: dict, fn: Callable, args: tuple, kwargs: dict, keep: tuple | 
     start = time.perf_counter()
     result = fn(*args, **kwargs)
     wall = time.perf_counter() - start
-    if keep is not None:
-        store[keep] = result
-        result = None
-    return result, wall
+    return kept(store, keep, result), wall
+
+
+def kept(store: dict, keep: tuple | None, result: Any) -> Any:
+    """With `keep`, the result goes into the store and the caller gets None; else the result."""
+    if keep is None:
+        return result
+    store[keep] = result
+    return None
 
 
 class ThreadExecutor:
@@ -169,10 +174,11 @@ class BatchedExecutor(ThreadExecutor):
             resolved = tuple(resolve(self.store, a) for a in args)
             resolved_kwargs = {k: resolve(self.store, v) for k, v in kwargs.items()}
             key = batcher.key(*resolved, **resolved_kwargs)
-            if key is not None:
-                job = _PendingJob(self, node, (fn, key), fn, resolved, resolved_kwargs, keep)
-                self.pending.append(job)
-                return job
+            if key is None:  # runs alone, on the arguments already resolved
+                return super().start(node, fn, resolved, resolved_kwargs, keep)
+            job = _PendingJob(self, node, (fn, key), fn, resolved, resolved_kwargs, keep)
+            self.pending.append(job)
+            return job
         return super().start(node, fn, args, kwargs, keep)
 
     def run_now(self, node, fn, args, kwargs, keep=None):
@@ -221,10 +227,7 @@ class BatchedExecutor(ThreadExecutor):
             self._finish(job, result, wall)
 
     def _finish(self, job: _PendingJob, result: Any, wall: float) -> None:
-        if job.keep is not None:
-            self.store[job.keep] = result
-            result = None
-        job.set_result((result, wall))
+        job.set_result((kept(self.store, job.keep, result), wall))
 
     def stats(self) -> dict:
         return {**super().stats(), "batches": self.batches, "batched_jobs": self.batched_jobs}

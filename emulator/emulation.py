@@ -6,7 +6,7 @@ import gc
 from typing import Callable
 
 from .checkpoint import (Barrier, Checkpoints, Resume, capture_adversaries, capture_dynamics, capture_network,
-                         capture_node, restore_adversaries, restore_dynamics, restore_network)
+                         capture_node, residents_by_node, restore_adversaries, restore_dynamics, restore_network)
 from .compute import Compute
 from .network import Network
 from .node import Node, NodeContext, handle_maker
@@ -34,8 +34,8 @@ class Emulation:
                 resume = Resume(checkpoints.saved, checkpoints.tensors, compute.executor, checkpoints.residents)
                 self.barrier.count, self.barrier.idle_seconds = checkpoints.saved["barrier"]
                 restore_network(checkpoints.saved["network"], network, self.recorder, clock)
-                restore_dynamics(checkpoints.saved["dynamics"], availability, network.faults, clock, seeds)
-                restore_adversaries(checkpoints.saved["adversaries"], network.adversaries, seeds)
+                restore_dynamics(checkpoints.saved["dynamics"], availability, network.faults, clock)
+                restore_adversaries(checkpoints.saved["adversaries"], network.adversaries)
         self.resumed = resume is not None
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
                       for i in range(n)]
@@ -46,7 +46,8 @@ class Emulation:
     def _save(self, rnd: int) -> None:
         """The state at round rnd's barrier, to the checkpoint writer."""
         tensors: dict = {}
-        nodes = [capture_node(node, self.compute.executor, self.checkpoints.residents, tensors) for node in self.nodes]
+        owned = residents_by_node(self.compute.executor.store)
+        nodes = [capture_node(node, owned.get(node.id, []), self.checkpoints.residents, tensors) for node in self.nodes]
         saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes,
                  "dynamics": capture_dynamics(self.availability, self.network.faults, self.clock),
                  "adversaries": capture_adversaries(self.network.adversaries),

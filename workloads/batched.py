@@ -192,8 +192,9 @@ def _padded(tensors: list, length: int):
     return out
 
 
-def _mask(lengths: list[int], length: int, device):
-    return (torch.arange(length, device=device) < torch.tensor(lengths, device=device)[:, None]).float()
+def _mask(lengths, length: int):
+    """1 for each row's first lengths[i] places of `length`, 0 after (lengths: a tensor)."""
+    return (torch.arange(length, device=lengths.device) < lengths[:, None]).float()
 
 
 # -- local SGD
@@ -237,19 +238,20 @@ def _sgd_rows(stack: Stack, calls: list) -> list[tuple[float, int]]:
     with torch.no_grad():
         for t in range(max(map(len, orders), default=0)):
             for members in _steppers(orders, t, by_size):
-                rows = None if len(members) == len(calls) else torch.tensor(members, device=device)
+                index = torch.tensor(members, device=device)
+                rows = None if len(members) == len(calls) else index
                 p, b, m = _rows_of(params, rows), _rows_of(buffers, rows), _rows_of(momenta, rows)
                 idx = [orders[i][t] for i in members]
                 lengths = [len(i) for i in idx]
+                counts = torch.tensor(lengths, device=device)
                 x = _padded([xs[i][j] for i, j in zip(members, idx)], max(lengths))
                 y = _padded([ys[i][j] for i, j in zip(members, idx)], max(lengths))
                 with torch.enable_grad():
-                    grads, losses = step(p, b, x, y, _mask(lengths, max(lengths), device))
+                    grads, losses = step(p, b, x, y, _mask(counts, max(lengths)))
                 _sgd_update(p, grads, m, o)
                 for stacked, values in ((params, p), (buffers, b), (momenta, m)):
                     _put_rows(stacked, rows, values)
-                totals.index_add_(0, torch.tensor(members, device=device),
-                                  losses.double() * torch.tensor(lengths, dtype=torch.float64, device=device))
+                totals.index_add_(0, index, losses.double() * counts.double())
     stack.write_back()
     seen = [sum(map(len, order)) for order in orders]
     return [(total / max(n, 1), n) for total, n in zip(totals.tolist(), seen)]
@@ -312,13 +314,15 @@ def _score_rows(stack: Stack, calls: list, per_sample) -> list[float]:
     with torch.no_grad():
         for start in range(0, max(len(y) for y in ys), chunk):
             members = [i for i, y in enumerate(ys) if len(y) > start]
-            rows = None if len(members) == len(calls) else torch.tensor(members, device=device)
+            index = torch.tensor(members, device=device)
+            rows = None if len(members) == len(calls) else index
             lengths = [min(len(ys[i]) - start, chunk) for i in members]
             logits = forward(_rows_of(params, rows), _rows_of(buffers, rows),
                              _padded([xs[i][start:start + chunk] for i in members], max(lengths)))
             labels = _padded([ys[i][start:start + chunk] for i in members], max(lengths))
-            scores = (per_sample(logits, labels) * _mask(lengths, max(lengths), device)).sum(1)
-            totals.index_add_(0, torch.tensor(members, device=device), scores.double())
+            mask = _mask(torch.tensor(lengths, device=device), max(lengths))
+            scores = (per_sample(logits, labels) * mask).sum(1)
+            totals.index_add_(0, index, scores.double())
     return [total / len(y) if len(y) else float("nan") for total, y in zip(totals.tolist(), ys)]
 
 
