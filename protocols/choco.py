@@ -58,7 +58,7 @@ class Choco(LearningProtocol):
     Options = ChocoOptions
     averages_models = True
     checkpoints = True
-    # x, its momentum, x̂_i, an x̂_j per neighbour, the snapshot, frames in flight: 11.3 measured on a
+    # x, its momentum, x̂_i, an x̂_j per neighbour, the snapshot, frames in flight: 11.1 to 11.4 measured on a
     # 4-regular graph (./dev bench memory, docs/compression.md)
     state_copies = 12.0
 
