@@ -35,13 +35,16 @@ def human_bytes(count: float) -> str:
 
 
 def metric_value(metric: str, value: float) -> str:
-    """Accuracies in percent, byte counts in kB/MB/GB, anything else to 4 significant digits."""
+    """Accuracies in percent, byte counts in kB/MB/GB, parameter counts in millions, anything else to 4
+    significant digits."""
     if value is None or math.isnan(value):
         return "—"
     if "acc" in metric:
         return f"{100 * value:.2f}"
     if "bytes" in metric:
         return human_bytes(value)
+    if metric.startswith("params"):
+        return f"{value / 1e6:.2f} M"
     return f"{value:.4g}"
 
 

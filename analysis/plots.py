@@ -524,13 +524,21 @@ def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colou
     return fig
 
 
-def _frontier(metric: str, finals: dict[str, list[tuple[float, float]]], colours: dict[str, str | tuple]) -> Figure:
+Finals = dict[str, dict[str, list[tuple[float, float]]]]  # colour -> cell -> (bytes, final value) per run
+
+
+def _frontier(metric: str, finals: Finals, colours: dict[str, str | tuple]) -> Figure:
+    """Every run's point; where a cell has several runs (seeds), also their mean, labelled with the cell."""
     fig = _figure(7.0, 4.4)
     ax = fig.add_subplot()
-    for row, points in finals.items():
-        cost, value = np.array(points).T
-        ax.scatter(cost, value, color=colours[row], s=18, label=row)
-    cost, value = np.array([p for points in finals.values() for p in points]).T
+    repeated = any(len(points) > 1 for cells in finals.values() for points in cells.values())
+    for colour, cells in finals.items():
+        cost, value = np.array([p for points in cells.values() for p in points]).T
+        ax.scatter(cost, value, color=colours[colour], s=10 if repeated else 18, alpha=0.4 if repeated else 1,
+                   label=None if repeated else colour)
+        if repeated:
+            _cell_means(ax, cells, colours[colour], colour)
+    cost, value = np.array([p for cells in finals.values() for points in cells.values() for p in points]).T
     usable = np.flatnonzero(np.isfinite(cost) & np.isfinite(value))
     sign = 1 if higher_is_better(metric) else -1
     front = usable[pareto_front(cost[usable], sign * value[usable])]
@@ -542,24 +550,38 @@ def _frontier(metric: str, finals: dict[str, list[tuple[float, float]]], colours
         else:
             ax.set_xscale("log")
     _label_axes(ax, "bytes", f"final {metric}")
-    ax.set_title(f"final {metric} against bytes sent: a point per run", fontsize=9)
+    what = "a faint point per run, a diamond per cell: its runs' mean" if repeated else "a point per run"
+    ax.set_title(f"final {metric} against bytes sent: {what}", fontsize=9)
     ax.legend(fontsize=7)
     return fig
 
 
-def study_plots(folder: Path, rows: list[str], panels: dict[str, dict[str, dict[str, list[Curves]]]],
-                finals: dict[str, dict[str, list[tuple[float, float]]]]) -> list[Path]:
+def _cell_means(ax, cells: dict[str, list[tuple[float, float]]], colour, label: str) -> None:
+    means = {cell: np.nanmean(np.array(points), axis=0) for cell, points in cells.items()}
+    cost, value = np.array(list(means.values())).T
+    ax.scatter(cost, value, color=colour, marker="D", s=36, edgecolors="black", linewidths=0.5, label=label)
+    for cell, (x, y) in means.items():
+        if cell:
+            ax.annotate(cell, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=6, color=colour)
+
+
+def _colours(keys: list[str]) -> dict[str, str | tuple]:
+    """matplotlib's 10 default colours while they suffice, then tab20's: no two keys share one up to 20."""
+    return {key: f"C{k}" if len(keys) <= 10 else matplotlib.colormaps["tab20"](k % 20) for k, key in enumerate(keys)}
+
+
+def study_plots(folder: Path, rows: list[str], series: list[str], panels: dict[str, dict[str, dict[str, list[Curves]]]],
+                finals: dict[str, Finals]) -> list[Path]:
     """Per metric (the runs' main one): `<metric>_by_round.png`, a panel per column of the table (metric -> column ->
-    row -> the runs' curves) with a line per row, and `<metric>_frontier.png`, every run's final value against its
-    bytes (metric -> row -> points); a colour per row, in the order of `rows`. A plot that fails is skipped with a
-    warning: the tables are written."""
+    row -> the runs' curves) with a line per row, a colour per row in the order of `rows`; and
+    `<metric>_frontier.png`, every run's final value against its bytes (metric -> series -> cell -> points), a
+    colour per series in the order of `series`. A plot that fails is skipped with a warning: the tables are
+    written."""
     folder.mkdir(exist_ok=True)
-    # matplotlib's 10 default colours while they suffice, then tab20's: no two rows share one up to 20
-    colours = {row: f"C{k}" if len(rows) <= 10 else matplotlib.colormaps["tab20"](k % 20) for k, row in enumerate(rows)}
     written = []
     for metric in panels:
-        for name, draw in ((f"{metric}_by_round.png", lambda: _round_panels(metric, panels[metric], colours)),
-                           (f"{metric}_frontier.png", lambda: _frontier(metric, finals[metric], colours))):
+        for name, draw in ((f"{metric}_by_round.png", lambda: _round_panels(metric, panels[metric], _colours(rows))),
+                           (f"{metric}_frontier.png", lambda: _frontier(metric, finals[metric], _colours(series)))):
             try:
                 written.append(_save(draw(), folder / name))
             except Exception as exc:  # noqa: BLE001 - a plot is a by-product of the study

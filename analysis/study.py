@@ -76,6 +76,12 @@ def bytes_per_round(run: Run, rounds: range | None = None) -> float:
     return sum(row.get("bytes_sent", 0) for row in run.metrics if row["round"] in rounds) / len(rounds)
 
 
+def params_sent(run: Run, rounds: range | None = None) -> float:
+    """Tensor entries sent by all nodes, over `rounds` or the whole run; NaN for a protocol that logs no params_sent."""
+    counts = [row["params_sent"] for row in run.metrics if "params_sent" in row and (rounds is None or row["round"] in rounds)]
+    return float(sum(counts)) if counts else math.nan
+
+
 def messages_per_round(run: Run) -> float:
     return _per(summary_value(run, "messages_total"), summary_value(run, "rounds"))
 
@@ -217,6 +223,8 @@ ROUND = "ROUND a round number or last"
 MEASURES = {
     "bytes_per_round": Measure(bytes_per_round, "bytes_per_round or bytes_per_round:FIRST-LAST (rounds, inclusive)",
                                (_rounds,), optional=1),
+    "params_sent": Measure(params_sent, "params_sent or params_sent:FIRST-LAST (rounds, inclusive)", (_rounds,),
+                           optional=1),
     "messages_per_round": Measure(messages_per_round, "messages_per_round"),
     "bytes_per_node": Measure(bytes_per_node, "bytes_per_node"),
     "bytes_per_message": Measure(bytes_per_message, f"bytes_per_message:ROUND ({ROUND})", (_round,)),
@@ -373,8 +381,6 @@ class Study:
 
     def __init__(self, spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun]):
         self.spec = spec
-        self.rows: list[Row] = list(itertools.product(*(axes[axis] for axis in spec.rows)))
-        self.columns: list[str | None] = list(axes[spec.columns]) if spec.columns else [None]
         self.cells: dict[tuple[Row, str | None], list[Run]] = {}
         self.finished: list[Run] = []  # in the grid's order
         self.planned: dict[tuple[Row, str | None], int] = {}  # runs the grid has in each cell
@@ -385,6 +391,10 @@ class Study:
             if is_finished(study_run.path):
                 self.finished.append(_load(study_run.path))
                 self.cells.setdefault(key, []).append(self.finished[-1])
+        # the combinations that have runs: a grid of sub-grids need not hold every one
+        self.rows: list[Row] = [row for row in itertools.product(*(axes[axis] for axis in spec.rows))
+                                if any(key[0] == row for key in self.planned)]
+        self.columns: list[str | None] = list(axes[spec.columns]) if spec.columns else [None]
         self.values = {metric.name: self._values(metric) for metric in spec.metrics}
 
     def _values(self, metric: Metric) -> dict[tuple[Row, str | None], list[float]]:
@@ -511,20 +521,30 @@ def _tables(study: Study) -> list[tuple[str, str, list[Column], bool]]:
     return tables
 
 
+def _frontier_keys(spec: TableSpec, row: Row, column: str | None) -> tuple[str, str]:
+    """(series, cell) of a run in the frontier: with several rows axes a colour per label of the last one and
+    the other labels naming the cell, else a colour per row; the column names the cell too."""
+    series, rest = (row[-1], row[:-1]) if len(spec.rows) > 1 else (", ".join(row), ())
+    return series, ", ".join([*rest, *([column] if column else [])])
+
+
 def _plots(folder: Path, study: Study) -> list[Path]:
     """Per main metric of the runs: each cell's curve by round, and each run's final value against its bytes."""
     panels: dict[str, dict[str, dict[str, list[Curves]]]] = {}  # metric -> column -> row -> its runs' curves
-    finals: dict[str, dict[str, list[tuple[float, float]]]] = {}  # metric -> row -> (bytes, final value) per run
+    finals: dict[str, dict[str, dict[str, list[tuple[float, float]]]]] = {}  # metric -> series -> cell -> points
     for column in study.columns:
         for row in study.rows:
             name = ", ".join(row)
+            series, cell = _frontier_keys(study.spec, row, column)
             for run in study.cells.get((row, column), []):
                 curves = run.curves()
                 if curves is None:
                     continue
                 panels.setdefault(curves.metric, {}).setdefault(column or "", {}).setdefault(name, []).append(curves)
-                finals.setdefault(curves.metric, {}).setdefault(name, []).append((run.total_bytes, curves.final()[0]))
-    return study_plots(folder, [", ".join(row) for row in study.rows], panels, finals)
+                finals.setdefault(curves.metric, {}).setdefault(series, {}).setdefault(cell, []).append(
+                    (run.total_bytes, curves.final()[0]))
+    series = list(dict.fromkeys(_frontier_keys(study.spec, row, None)[0] for row in study.rows))
+    return study_plots(folder, [", ".join(row) for row in study.rows], series, panels, finals)
 
 
 def tabulate(out: Path, spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun],

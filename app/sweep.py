@@ -20,8 +20,12 @@ The grid file (YAML):
       columns: partition
       metric: [test_acc, bytes_per_round]
 
-Settings apply in order base, then each axis's entry; true makes a bool flag
-bare (mapl_no_cgl: true -> --mapl-no-cgl), false leaves it out. Every run's
+`grid:` may also be a list of such mappings (sub-grids), each with the same axes in the same
+order: the runs are then the union of their combinations, for studies whose settings are not
+a full product (four FedMN architectures, one FedAvg MLP).
+
+Settings apply in order base, then each axis's entry; true makes a bool flag bare
+(mapl_no_cgl: true -> --mapl-no-cgl), false leaves it out. Every run's
 settings are checked before the first run starts. Run i goes to
 OUT/<axis>=<label>__<axis>=<label>...; a directory that already holds a finished
 run (a valid summary.json) is skipped, so an interrupted sweep resumes where it
@@ -80,12 +84,26 @@ class Entry:
 @dataclass
 class Grid:
     base: dict
-    axes: dict[str, list[Entry]]
+    grids: list[dict[str, list[Entry]]]  # the runs: the union of each sub-grid's combinations
     out: Path
     table: TableSpec
     jobs: int | str | None  # runs at once (auto: cores / CPUs per run); None: not set in the file
     executor: str
     resources: Resources
+
+    @property
+    def axes(self) -> dict[str, list[Entry]]:
+        return merged_axes(self.grids)
+
+
+def merged_axes(grids: list[dict[str, list[Entry]]]) -> dict[str, list[Entry]]:
+    """Every axis and its entries over all sub-grids, in order of first appearance."""
+    merged: dict[str, dict[str, Entry]] = {}
+    for axes in grids:
+        for axis, entries in axes.items():
+            for entry in entries:
+                merged.setdefault(axis, {}).setdefault(entry.label, entry)
+    return {axis: list(entries.values()) for axis, entries in merged.items()}
 
 
 @dataclass
@@ -164,26 +182,36 @@ def load_grid(path: Path) -> Grid:
                         f"(expected {', '.join(sorted(SECTIONS))})")
     base = _settings(data.get("base") or {}, f"{where}: base")
     grid = data.get("grid")
-    if not isinstance(grid, dict) or not grid:
-        raise GridError(f"{where}: grid: expected a mapping of axes, each a list of entries")
-    axes = {}
-    for axis, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise GridError(f"{where}: grid: {axis}: expected a non-empty list of entries")
-        axes[str(axis)] = [_entry(str(axis), v, f"{where}: grid: {axis}") for v in values]
+    many = isinstance(grid, list) and len(grid) > 0
+    grids = [_axes(sub, f"{where}: grid" + (f"[{k}]" if many else "")) for k, sub in enumerate(grid if many else [grid])]
+    if any(list(axes) != list(grids[0]) for axes in grids):
+        raise GridError(f"{where}: grid: every sub-grid must list the same axes in the same order "
+                        f"({', '.join(grids[0])})")
     out = data.get("out") or f"runs/sweep-{path.stem}"
     if not isinstance(out, str):
         raise GridError(f"{where}: out: expected a directory path")
     try:
-        table = parse_table(data.get("table") or {}, axis_labels(axes), where)
+        table = parse_table(data.get("table") or {}, axis_labels(merged_axes(grids)), where)
     except StudyError as exc:
         raise GridError(str(exc)) from None
     executor = data.get("executor", "local")
     if executor not in EXECUTORS:
         raise GridError(f"{where}: executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
     jobs = data.get("jobs")
-    return Grid(base, axes, Path(out), table, None if jobs is None else _jobs(jobs, f"{where}: jobs"), executor,
+    return Grid(base, grids, Path(out), table, None if jobs is None else _jobs(jobs, f"{where}: jobs"), executor,
                 _resources(data.get("resources") or {}, f"{where}: resources"))
+
+
+def _axes(grid, where: str) -> dict[str, list[Entry]]:
+    """One (sub-)grid: axis -> its entries."""
+    if not isinstance(grid, dict) or not grid:
+        raise GridError(f"{where}: expected a mapping of axes, each a list of entries (or a list of such mappings)")
+    axes = {}
+    for axis, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise GridError(f"{where}: {axis}: expected a non-empty list of entries")
+        axes[str(axis)] = [_entry(str(axis), v, f"{where}: {axis}") for v in values]
+    return axes
 
 
 def _jobs(value, where: str) -> int | str:
@@ -210,13 +238,14 @@ def _resources(spec, where: str) -> Resources:
 
 
 def points(grid: Grid) -> list[Point]:
-    """Every combination of one entry per axis, the first axis varying slowest."""
+    """Every combination of one entry per axis, sub-grid by sub-grid, the first axis varying slowest."""
     runs = []
-    for combination in itertools.product(*grid.axes.values()):
-        settings = dict(grid.base)
-        for entry in combination:
-            settings.update(entry.settings)
-        runs.append(Point({axis: e.label for axis, e in zip(grid.axes, combination)}, settings))
+    for axes in grid.grids:
+        for combination in itertools.product(*axes.values()):
+            settings = dict(grid.base)
+            for entry in combination:
+                settings.update(entry.settings)
+            runs.append(Point({axis: e.label for axis, e in zip(axes, combination)}, settings))
     names = [p.name for p in runs]
     clash = next((n for n in names if names.count(n) > 1), None)
     if clash:

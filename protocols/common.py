@@ -320,6 +320,12 @@ class LearningProtocol(Protocol):
         return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
 
 
+def values(state: dict) -> int:
+    """The tensor entries of a state (parameters, and any BatchNorm statistics): what papers count as
+    parameters transmitted. Logged as params_sent."""
+    return sum(t.numel() for t in state.values())
+
+
 @dataclass
 class CarriedModel:
     """What a node of a model-only protocol carries from round to round (node.carry): its model."""

@@ -20,7 +20,8 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.training import load_state, mix
 
-from .common import STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data, positive_int
+from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
+                     positive_int, values)
 
 
 @dataclass
@@ -110,7 +111,7 @@ class FedAvg(LearningProtocol):
                                         valid=expects(**{STATE: state, "samples": positive_int}))
             await node.compute(average, model, [(m.body["samples"], m.body[STATE]) for m in updates.values()], work=0)
             scores = await self.evaluate(node, model, test) if test is not None else {}
-            node.log(heard_from=len(updates), **scores)
+            node.log(heard_from=len(updates), params_sent=values(state) * len(sampled), **scores)
 
     def _sample(self, node, reachable: list[int]) -> list[int]:
         k = self.options.clients_per_round
@@ -132,9 +133,11 @@ class FedAvg(LearningProtocol):
             await node.compute(load_state, model, message.body[STATE], work=0)
             scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
             loss = await self.train(node, model, data)
+            sent = {}
             if self.server in node.neighbours:
-                node.send(self.server, "update", {STATE: await self.state(node, model), "samples": len(data.train_y)})
-            node.log(train_loss=loss, **scores)
+                sent = await self.state(node, model)
+                node.send(self.server, "update", {STATE: sent, "samples": len(data.train_y)})
+            node.log(train_loss=loss, params_sent=values(sent), **scores)
 
     async def _next_model(self, node, model_body):
         """The server's message for this round or a later one; None once the server has been silent too long.

@@ -15,6 +15,9 @@ Rounds 0..K-1 (--pretrain-rounds K) are FedAvg on the whole network, every conne
   6. the server sets each tensor to the |D_m|-weighted mean over the clients that sent it: a
      module is averaged over the clients for which it was active. The paper's weights
      |D_m| / |D| are renormalised over those clients, so a module few clients use is not shrunk.
+--router frozen is the authors' code (github.com/xztcwang/FedMN), which draws V from a detached Pi:
+no gradient reaches the hypernetwork, so it keeps its initial value. It never changes, so it never
+travels: in step 1 the server's message holds no tensor, and step 5 leaves it out.
 fedmn-p2p runs the same rounds on any graph with no server: each node decides with its own
 hypernetwork, trains, sends its active modules and hypernetwork to its neighbours, and
 averages each tensor over itself and the neighbours that sent it, weighted by |D|.
@@ -29,10 +32,10 @@ from rich.table import Table
 from emulator.errors import UsageError
 from emulator.protocol import register
 from workloads.lazy import LazyModule
-from workloads.training import load_state, sgd
+from workloads.training import load_state, mean_loss, sgd
 
 from .common import (EVAL_COST, STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
-                     expects, last_rows, like, positive_int)
+                     expects, last_rows, like, positive_int, values)
 from .fedavg import FedAvg, FedAvgOptions
 
 torch = LazyModule("torch")
@@ -40,6 +43,7 @@ modular = LazyModule("workloads.modular")  # torch comes with it: not at import,
 
 DECISION = "decision"  # V_m on the wire: E ints, 0 or 1
 SAMPLES = "samples"
+ROUTERS = ("train", "frozen")
 
 
 @dataclass
@@ -53,6 +57,9 @@ class ModularOptions(CheckedOptions):
     tau_start: float = field(default=1.0, metadata={
         "help": "fedmn: binary Concrete temperature of the first routed round"})
     tau_end: float = field(default=0.1, metadata={"help": "fedmn: temperature of the last round (exponential decay)"})
+    router: str = field(default="train", metadata={
+        "help": "fedmn: train (Eq. 6: the decision's gradient trains the hypernetwork, which is federated) or "
+                "frozen (the authors' code: Pi from the initial hypernetwork, which never trains or travels)"})
 
     def validate(self):
         super().validate()
@@ -64,6 +71,7 @@ class ModularOptions(CheckedOptions):
         check("pretrain-rounds", self.pretrain_rounds, self.pretrain_rounds >= 0, "must not be negative")
         for flag, tau in (("tau-start", self.tau_start), ("tau-end", self.tau_end)):
             check(flag, tau, tau > 0, "must be positive")
+        check("router", self.router, self.router in ROUTERS, f"choose {' or '.join(ROUTERS)}")
         if self.model.startswith("hetero"):
             raise UsageError(f"--model {self.model}: fedmn's encoders share one architecture; use e.g. cnn-small")
 
@@ -102,6 +110,8 @@ def wire_everything(network) -> tuple[list[int], list[int]]:
 
 def routed_sgd(network, x, y, *, routed: bool, tau: float, generator, **options) -> tuple[float, int]:
     """Step 4: local SGD under the round's decision; routed, the gates carry the relaxed sample's gradient."""
+    if not routed and not modular.active_modules(network.widths, network.decision):
+        return mean_loss(network, x, y), 0  # no path to the prediction, no gradient to the router: nothing trains
     def forward(x_batch, y_batch):
         gates = network.decision
         if routed:  # the batch's Pi estimates the dataset's; forward V, backward the relaxed sample
@@ -127,12 +137,13 @@ def average_modules(network, updates: list[tuple[int, dict]]) -> None:
 # -- what goes on the wire
 
 class Layout:
-    """Which state entries belong to which module, and checks of received bodies."""
+    """Which state entries belong to which module, and checks of received bodies.
+    `router`: the hypernetwork's entries when it travels (a trained router), else none."""
 
-    def __init__(self, state: dict, widths: tuple[int, ...]):
+    def __init__(self, state: dict, widths: tuple[int, ...], router_travels: bool):
         self.widths, self.edges = widths, modular.connections(widths)
         self.tensors = {name: like(t) for name, t in state.items()}
-        self.router = [name for name in state if name.startswith(modular.ROUTER)]
+        self.router = [name for name in state if name.startswith(modular.ROUTER) and router_travels]
         self.of_module = {(layer, j): [name for name in state if name.startswith(modular.module_prefix(layer, j))]
                           for layer, n in enumerate(widths) for j in range(n)}
         self.everything = [1] * self.edges
@@ -186,6 +197,9 @@ class Modular(LearningProtocol):
     def routed(self, rnd: int) -> bool:
         return rnd >= self.options.pretrain_rounds
 
+    async def layout(self, node, network) -> Layout:
+        return Layout(await self.state(node, network), self.widths, self.options.router == "train")
+
     def tau(self, rnd: int) -> float:
         """tau_t = tau_start (tau_end / tau_start)^(t / (T - 1)) over the T routed rounds."""
         o = self.options
@@ -200,9 +214,10 @@ class Modular(LearningProtocol):
                                   work=len(data.train_y) * EVAL_COST)
 
     async def train(self, node, network, data) -> float:
-        routed = self.routed(node.round)
-        return await super().train(node, network, data, job=routed_sgd, routed=routed, tau=self.tau(node.round),
-                                   passes=self.widths[0] + routed)  # a sample: one pass per encoder
+        trains_router = self.routed(node.round) and self.options.router == "train"
+        return await super().train(node, network, data, job=routed_sgd, routed=trains_router,
+                                   tau=self.tau(node.round),
+                                   passes=self.widths[0] + trains_router)  # a sample: one pass per encoder
 
     async def update(self, node, network, layout: Layout, decision: list[int], data) -> dict:
         """Step 5's body: the active modules (and the hypernetwork, when routed), |D| and V."""
@@ -253,7 +268,7 @@ class FedMN(Modular, FedAvg):
     async def _serve(self, node):
         o = self.options
         network = node.keep(self.initial_model(0))
-        layout = Layout(await self.state(node, network), self.widths)
+        layout = await self.layout(node, network)
         node.carry(CarriedModel(network))  # the modular network, hypernetwork included
         async for _ in node.rounds():
             routed = self.routed(node.round)
@@ -261,19 +276,23 @@ class FedMN(Modular, FedAvg):
             sampled = self._sample(node, reachable)
             state = await self.state(node, network)
             if routed:  # 1-3
-                router = {STATE: {name: state[name] for name in layout.router}}
-                decisions = await self._decisions(node, router, sampled, layout)
-                for client, decision in decisions.items():
-                    node.send(client, "blocks", {STATE: layout.pick(state, decision, False)})
+                router = {name: state[name] for name in layout.router}
+                decisions = await self._decisions(node, {STATE: router}, sampled, layout)
+                blocks = {client: layout.pick(state, decision, False) for client, decision in decisions.items()}
+                for client, picked in blocks.items():
+                    node.send(client, "blocks", {STATE: picked})
+                sent = values(router) * len(sampled) + sum(map(values, blocks.values()))
             else:
                 decisions = dict.fromkeys(sampled, layout.everything)
-                node.broadcast("model", {STATE: layout.pick(state, layout.everything, False)}, to=sampled)
+                whole = layout.pick(state, layout.everything, False)
+                node.broadcast("model", {STATE: whole}, to=sampled)
+                sent = values(whole) * len(sampled)
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sorted(decisions), timeout=o.timeout,
                                         valid=layout.update(routed))
             await node.compute(average_modules, network, [(m.body[SAMPLES], m.body[STATE]) for m in updates.values()],
                                work=0)  # 6
-            node.log(heard_from=len(updates), phase="fedmn" if routed else "pretrain")
+            node.log(heard_from=len(updates), params_sent=sent, phase="fedmn" if routed else "pretrain")
 
     async def _decisions(self, node, router: dict, sampled: list[int], layout: Layout) -> dict[int, list[int]]:
         node.broadcast("model", router, to=sampled)
@@ -284,7 +303,7 @@ class FedMN(Modular, FedAvg):
     async def _client(self, node):
         o = self.options
         network, data = self.hold(node, self.part[node.id])
-        layout = Layout(await self.state(node, network), self.widths)
+        layout = await self.layout(node, network)
         first = layout.carrying(layout.router, layout.names(layout.everything, False))  # routed, or pretraining
         node.carry(CarriedModel(network))
         message = None  # the server's model for this round, taken anew each round (none is ahead at a barrier)
@@ -305,8 +324,9 @@ class FedMN(Modular, FedAvg):
                 await node.compute(load_state, network, blocks[self.server].body[STATE], work=0)  # 3
             loss = await self.train(node, network, data)  # 4
             scores = await self.evaluate(node, network, data)  # 5
-            node.send(self.server, "update", await self.update(node, network, layout, decision, data))
-            self.report(node, decision, route, data.cluster, train_loss=loss, **scores)
+            body = await self.update(node, network, layout, decision, data)
+            node.send(self.server, "update", body)
+            self.report(node, decision, route, data.cluster, train_loss=loss, params_sent=values(body[STATE]), **scores)
 
     async def run_no_rounds(self, node):
         if node.id != self.server:
@@ -325,16 +345,18 @@ class FedMNP2P(Modular):
     async def run(self, node):
         o = self.options
         network, data = self.hold(node)
-        layout = Layout(await self.state(node, network), self.widths)
+        layout = await self.layout(node, network)
         node.carry(CarriedModel(network))
         async for _ in node.rounds():
             routed = self.routed(node.round)
             decision, route = await self.decide(node, network, data)
             loss = await self.train(node, network, data)
             body = await self.update(node, network, layout, decision, data)
+            sent = values(body[STATE]) * len(node.neighbours)
             node.broadcast("blocks", body)
             heard = await node.gather("blocks", timeout=o.timeout, valid=layout.update(routed))
             await node.compute(average_modules, network, [(body[SAMPLES], body[STATE])]
                                + [(m.body[SAMPLES], m.body[STATE]) for m in heard.values()], work=0)
             self.report(node, decision, route, data.cluster, train_loss=loss, heard_from=len(heard),
+                        params_sent=sent,
                         **await self.evaluate(node, network, data))

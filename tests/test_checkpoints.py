@@ -43,6 +43,8 @@ RUNS = {
     "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13),
     "fedmn": dict(protocol="fedmn", topology="star", nodes=6, rounds=6, seed=14, pretrain_rounds=2),
     "fedmn-p2p": dict(protocol="fedmn-p2p", topology="ring", nodes=6, rounds=5, seed=15, pretrain_rounds=1),
+    "fedmn-frozen-mlp": dict(protocol="fedmn", topology="star", nodes=6, rounds=5, seed=23, router="frozen",
+                             model="mlp:hidden=32", modules="1,3,2"),
     "fedlinked": dict(protocol="fedlinked", topology="star", nodes=5, rounds=5, seed=16, model="cnn-small:channels=8,16",
                       d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
     "fedlinked-p2p": dict(protocol="fedlinked-p2p", topology="ring", nodes=4, rounds=5, seed=17,

@@ -80,6 +80,14 @@ def test_each_round_is_one_model_out_and_one_update_back_per_client(star):
         assert abs(int(up["bytes_sent"]) - int(down["bytes_sent"])) <= ROUNDS * 32
 
 
+def test_params_sent_counts_the_model_once_per_message(star):
+    _, metrics, _ = star
+    entries = sum(p.numel() for p in build_model("mlp:hidden=64", (1, 8, 8), 10).parameters())  # 64*64+64 + 64*10+10
+    assert entries == 4810
+    for row in metrics:
+        assert row["params_sent"] == entries * (8 if row["node"] == 0 else 1), row
+
+
 def test_clients_per_round_samples_that_many_and_idles_the_rest(tmp_path):
     _run(tmp_path / "r", *STAR9, "--rounds", "6", "--clients-per-round", "3", "--trace")
     messages = _jsonl(tmp_path / "r" / "messages.jsonl")

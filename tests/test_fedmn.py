@@ -8,7 +8,7 @@ import torch
 
 from app.cli import main
 from emulator import wire
-from protocols.fedmn import average_modules
+from protocols.fedmn import average_modules, routed_sgd
 from tests.conftest import assert_one_line_error
 from workloads.modular import active_modules, binary_concrete, build_modular, connections
 from workloads.partitions import make_partition
@@ -107,21 +107,23 @@ def test_a_module_is_averaged_only_over_the_clients_for_which_it_was_active():
 
 # -- runs
 
-@pytest.fixture(scope="module")
-def star(tmp_path_factory):
+@pytest.fixture(scope="module", params=["train", "frozen"])
+def star(tmp_path_factory, request):
     out = tmp_path_factory.mktemp("fedmn") / "star"
     args = [*SMALL, "--protocol", "fedmn", "--topology", "star", "--nodes", "7", "--rounds", "4",
-            "--pretrain-rounds", "1", "--partition", "mixture:components=2", "--trace"]
+            "--pretrain-rounds", "1", "--partition", "mixture:components=2", "--trace", "--router", request.param]
     return (*_run(out, *args), out, args)
 
 
-def test_only_active_modules_and_the_hypernetwork_cross_the_wire_exactly(star):
-    summary, metrics, out, _ = star
+def test_only_active_modules_and_a_trained_hypernetwork_cross_the_wire_exactly(star):
+    summary, metrics, out, args = star
     reference = float_state(_network())
     decision = {(r["round"], r["node"]): [int(c) for c in r["decision"]] for r in metrics if "decision" in r}
     clients = json.loads((out / "partition.json").read_text())["nodes"]
     samples = {n["node"] + 1: sum(n["train"].values()) for n in clients}  # client k holds part k - 1
-    router = [k for k in reference if k.startswith("router.")]
+    trained = args[-1] == "train"
+    router = [k for k in reference if k.startswith("router.") and trained]  # a frozen one never travels
+    params = {}  # (round, sender) -> tensor entries sent
 
     def modules(bits):
         prefixes = tuple(f"layers.{layer}.{j}." for layer, j in active_modules(WIDTHS, bits))
@@ -145,11 +147,36 @@ def test_only_active_modules_and_the_hypernetwork_cross_the_wire_exactly(star):
                        "decision": bits},
         }[m["kind"]]
         assert m["bytes"] == size(m["kind"], rnd, expected), m
+        entries = sum(t.numel() for t in expected.get("state", {}).values())
+        params[rnd, m["src"]] = params.get((rnd, m["src"]), 0) + entries
+    assert {(r["round"], r["node"]): r["params_sent"] for r in metrics} == params
     kinds = {(m["round"], m["kind"]) for m in messages}
     assert (0, "decision") not in kinds and (1, "decision") in kinds  # pretraining sends whole networks
     phases = summary["bytes_by_phase"]
     assert phases["pretrain"]["rounds"] == 1 and phases["fedmn"]["rounds"] == 3
     assert phases["pretrain"]["bytes_sent"] + phases["fedmn"]["bytes_sent"] == summary["bytes_total"]
+
+
+def test_a_frozen_router_keeps_each_clients_route_and_trains_no_hypernetwork(star):
+    _, metrics, out, args = star
+    routes = {}
+    for row in metrics:
+        if row.get("phase") == "fedmn" and "route" in row:
+            routes.setdefault(row["node"], set()).add(row["route"])
+    assert len(routes) == 6
+    if args[-1] == "frozen":  # Pi from the initial hypernetwork: the same every round
+        assert all(len(seen) == 1 for seen in routes.values())
+
+
+def test_an_empty_decision_under_a_frozen_router_trains_nothing():
+    network = _network()
+    network.decision.zero_()
+    before = float_state(network)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    loss, seen = routed_sgd(network, x, y, routed=False, tau=1.0, generator=torch.Generator().manual_seed(0),
+                            epochs=1, steps=0, lr=0.1, momentum=0.9, weight_decay=0.0, batch_size=4)
+    assert seen == 0 and loss == pytest.approx(np.log(10))  # no path: uniform logits
+    assert all(torch.equal(before[k], v) for k, v in float_state(network).items())
 
 
 def test_a_seed_gives_the_same_run(star, tmp_path):
@@ -187,6 +214,7 @@ def test_fedmn_p2p_runs_under_churn_without_deadlock(tmp_path):
     (["--dropout", "1"], "--dropout"),
     (["--tau-end", "0"], "--tau-end"),
     (["--pretrain-rounds", "-1"], "--pretrain-rounds"),
+    (["--router", "fixed"], "--router"),
     (["--partition", "mixture:components=11"], "components"),
     (["--partition", "mixture:alpha=0"], "alpha"),
 ])

@@ -14,7 +14,7 @@ from rich.console import Console
 from analysis.plots import pareto_front
 from analysis.study import StudyError, parse_table, tabulate
 from app.cli import main
-from app.sweep import axis_labels, check_settings, load_grid, points, study_runs
+from app.sweep import GridError, axis_labels, check_settings, load_grid, points, study_runs
 
 QUIET = Console(file=io.StringIO())
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -250,3 +250,38 @@ def test_every_ready_made_grid_loads_and_its_runs_resolve():
     for path in [*grids, *sorted(EXPERIMENTS.parent.joinpath("benchmarks").glob("*.yaml"))]:  # and the bench's
         grid = load_grid(path)
         check_settings(grid, points(grid))
+
+
+SUB_GRIDS = {
+    "base": {"protocol": "dfedavgm", "dataset": "digits", "rounds": 2, "model": "mlp:hidden=16", "no_plots": True},
+    "grid": [
+        {"size": [{"nodes": 4, "label": "4 nodes"}, {"nodes": 6, "label": "6 nodes"}],
+         "method": [{"topology": "ring", "label": "ring"}], "seed": [0, 1]},
+        {"size": [{"nodes": 4, "label": "4 nodes"}], "method": [{"topology": "mesh", "label": "mesh"}], "seed": [0, 1]},
+    ],
+    "table": {"rows": ["size", "method"], "metric": ["bytes_total", "params_sent"]},
+}
+
+
+def test_a_grid_of_sub_grids_runs_their_union_and_tabulates_only_its_combinations(tmp_path):
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump({**SUB_GRIDS, "out": str(tmp_path / "out")}, sort_keys=False))
+    assert main(["sweep", "--grid", str(tmp_path / "grid.yaml")]) == 0
+    made = sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir() and p.name != "plots")
+    assert made == [f"size={n}-nodes__method={m}__seed={s}" for n, m in (("4", "mesh"), ("4", "ring"), ("6", "ring"))
+                    for s in (0, 1)]
+    with open(tmp_path / "out" / "table.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["size"], r["method"]) for r in rows] == [("4 nodes", "ring"), ("4 nodes", "mesh"), ("6 nodes", "ring")]
+    for row in rows:
+        runs = [tmp_path / "out" / f"size={row['size'].replace(' ', '-')}__method={row['method']}__seed={s}"
+                for s in (0, 1)]
+        assert float(row["bytes_total mean"]) == pytest.approx(statistics.fmean(_summary(r)["bytes_total"] for r in runs))
+        assert row["params_sent mean"] == ""  # dfedavgm logs no params_sent: no count, not 0
+    assert (tmp_path / "out" / "plots" / "test_acc_frontier.png").exists()
+
+
+def test_sub_grids_must_name_the_same_axes(tmp_path):
+    grid = {**SUB_GRIDS, "grid": [SUB_GRIDS["grid"][0], {"method": [{"topology": "mesh"}], "seed": [0]}]}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid, sort_keys=False))
+    with pytest.raises(GridError, match="every sub-grid must list the same axes in the same order"):
+        load_grid(tmp_path / "grid.yaml")
