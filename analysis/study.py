@@ -78,7 +78,8 @@ def bytes_per_round(run: Run, rounds: range | None = None) -> float:
 
 def params_sent(run: Run, rounds: range | None = None) -> float:
     """Tensor entries sent by all nodes, over `rounds` or the whole run; NaN for a protocol that logs no params_sent."""
-    counts = [row["params_sent"] for row in run.metrics if "params_sent" in row and (rounds is None or row["round"] in rounds)]
+    counts = [row["params_sent"] for row in run.metrics
+              if "params_sent" in row and (rounds is None or row["round"] in rounds)]
     return float(sum(counts)) if counts else math.nan
 
 

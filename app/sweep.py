@@ -183,7 +183,8 @@ def load_grid(path: Path) -> Grid:
     base = _settings(data.get("base") or {}, f"{where}: base")
     grid = data.get("grid")
     many = isinstance(grid, list) and len(grid) > 0
-    grids = [_axes(sub, f"{where}: grid" + (f"[{k}]" if many else "")) for k, sub in enumerate(grid if many else [grid])]
+    grids = [_axes(sub, f"{where}: grid" + (f"[{k}]" if many else ""))
+             for k, sub in enumerate(grid if many else [grid])]
     if any(list(axes) != list(grids[0]) for axes in grids):
         raise GridError(f"{where}: grid: every sub-grid must list the same axes in the same order "
                         f"({', '.join(grids[0])})")
