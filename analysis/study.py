@@ -393,8 +393,9 @@ class Study:
                 self.finished.append(_load(study_run.path))
                 self.cells.setdefault(key, []).append(self.finished[-1])
         # the combinations that have runs: a grid of sub-grids need not hold every one
+        planned_rows = {row for row, _ in self.planned}
         self.rows: list[Row] = [row for row in itertools.product(*(axes[axis] for axis in spec.rows))
-                                if any(key[0] == row for key in self.planned)]
+                                if row in planned_rows]
         self.columns: list[str | None] = list(axes[spec.columns]) if spec.columns else [None]
         self.values = {metric.name: self._values(metric) for metric in spec.metrics}
 

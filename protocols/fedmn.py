@@ -72,6 +72,11 @@ class ModularOptions(CheckedOptions):
         for flag, tau in (("tau-start", self.tau_start), ("tau-end", self.tau_end)):
             check(flag, tau, tau > 0, "must be positive")
         check("router", self.router, self.router in ROUTERS, f"choose {' or '.join(ROUTERS)}")
+
+    @property
+    def trains_router(self) -> bool:
+        """The hypernetwork trains, and so travels (--router train)."""
+        return self.router == "train"
         if self.model.startswith("hetero"):
             raise UsageError(f"--model {self.model}: fedmn's encoders share one architecture; use e.g. cnn-small")
 
@@ -198,7 +203,7 @@ class Modular(LearningProtocol):
         return rnd >= self.options.pretrain_rounds
 
     async def layout(self, node, network) -> Layout:
-        return Layout(await self.state(node, network), self.widths, self.options.router == "train")
+        return Layout(await self.state(node, network), self.widths, self.options.trains_router)
 
     def tau(self, rnd: int) -> float:
         """tau_t = tau_start (tau_end / tau_start)^(t / (T - 1)) over the T routed rounds."""
@@ -214,7 +219,7 @@ class Modular(LearningProtocol):
                                   work=len(data.train_y) * EVAL_COST)
 
     async def train(self, node, network, data) -> float:
-        trains_router = self.routed(node.round) and self.options.router == "train"
+        trains_router = self.routed(node.round) and self.options.trains_router
         return await super().train(node, network, data, job=routed_sgd, routed=trains_router,
                                    tau=self.tau(node.round),
                                    passes=self.widths[0] + trains_router)  # a sample: one pass per encoder
