@@ -24,7 +24,7 @@ import numpy as np
 from . import wire
 from .compute import Resident
 from .dynamics import EdgeFaults
-from .ledger import NodeRound, TraceRow
+from .ledger import TraceRow
 from .network import Message
 
 
@@ -127,14 +127,14 @@ def capture_network(network, recorder, clock) -> dict:
     trace_index = {id(row): i for i, row in enumerate(ledger.trace)} if ledger.trace is not None else {}
     return {
         "now": clock.now,
-        "links": [[src, dst, link.free_at, link.last_start, link.last_arrival, link.loss_state.bad,
+        "links": [[src, dst, link.free_at, link.last_start, link.last_arrival, link.loss_bad,
                    random_state(link._rng), numpy_state(link._corrupt_rng), list(link.counters)]
                   for (src, dst), link in sorted(network.links.items())],
         "uplinks": [c.free_at for c in network.uplinks],
         "downlinks": [c.free_at for c in network.downlinks],
         "wire_rngs": {src: numpy_state(g) for src, g in network._wire_rngs.items()},
-        "node_rounds": [[node, rnd, c.msgs_sent, c.bytes_sent, c.msgs_received, c.bytes_received]
-                        for (node, rnd), c in ledger.node_rounds.items()],
+        "node_rounds": [[node, rnd, *counts.of(node)] for rnd, counts in ledger.rounds.items()
+                        for node in range(ledger.num_nodes) if any(counts.of(node))],
         "trace": None if ledger.trace is None else [
             [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in ledger.trace],
         "mailboxes": [[[m.src, m.kind, m.round, m.size, m.t_send, m.t_arrive, bytes(m.frame),
@@ -150,7 +150,7 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
     ledger = network.ledger
     for src, dst, free_at, last_start, last_arrival, bad, rng, corrupt, counters in saved["links"]:
         link = network._link(src, dst)  # a later round's graph (a schedule) may have made it
-        link.free_at, link.last_start, link.last_arrival, link.loss_state.bad = free_at, last_start, last_arrival, bad
+        link.free_at, link.last_start, link.last_arrival, link.loss_bad = free_at, last_start, last_arrival, bad
         if rng is not None:
             set_random_state(link.rng, rng)
         if corrupt is not None:
@@ -160,9 +160,9 @@ def restore_network(saved: dict, network, recorder, clock) -> None:
         capacity.free_at = free_at
     for src, state in saved["wire_rngs"].items():
         set_numpy_state(network._wire_rng(src), state)
-    ledger.node_rounds.clear()
+    ledger.rounds.clear()
     for node, rnd, *counts in saved["node_rounds"]:
-        ledger.node_rounds[node, rnd] = NodeRound(*counts)
+        ledger.counts(rnd).put(node, counts)
     if saved["trace"] is not None:
         ledger.trace[:] = [TraceRow(*row) for row in saved["trace"]]
     for dst, messages in enumerate(saved["mailboxes"]):
@@ -200,13 +200,13 @@ def capture_dynamics(availability, faults, clock) -> dict:
     churn generators they draw from); each faulty edge's chain."""
     saved: dict = {}
     if availability is not None:
-        pending = sorted((when, seq, callback.__name__, args) for when, seq, callback, args in clock._events
-                         if getattr(callback, "__self__", None) is availability)
+        pending = [(when, callback.__name__, args) for when, callback, args in clock.pending()
+                   if getattr(callback, "__self__", None) is availability]
         saved["availability"] = {
             "holds": list(availability._holds), "online": list(availability.online),
             "intervals": availability.intervals, "crashed": sorted(availability.crashed),
             "pending": [[when, name, [numpy_state(a) if hasattr(a, "bit_generator") else a for a in args]]
-                        for when, _, name, args in pending]}
+                        for when, name, args in pending]}
     if faults is not None:
         saved["edges"] = [[u, v, edge.down, edge.next_change, numpy_state(edge.rng)]
                           for (u, v), edge in faults._edges.items()]

@@ -116,9 +116,11 @@ class VirtualClock:
     def __init__(self):
         self.now = 0.0
         self._unsettled: deque[_Job] = deque()
-        # Uncancellable events (deliveries, job results): plain tuples, far cheaper than loop timers.
-        self._events: list[tuple] = []
-        self._sequence = itertools.count()
+        # Uncancellable events (deliveries, job results), far cheaper than loop timers: one list per
+        # instant, in scheduling order, and a heap of the instants. A round's messages often all land
+        # at one instant: they cost an append each, not a heap push and pop.
+        self._instants: list[float] = []
+        self._due: dict[float, list[tuple]] = {}
         self._idle: deque[tuple] = deque()
         self.loop = _VirtualLoop(self)
 
@@ -134,7 +136,15 @@ class VirtualClock:
 
     def schedule(self, when: float, callback: Callable, *args) -> None:
         """Run callback(*args) at emulated time `when`; events due together run in scheduling order."""
-        heapq.heappush(self._events, (when, next(self._sequence), callback, args))
+        due = self._due.get(when)
+        if due is None:
+            due = self._due[when] = []
+            heapq.heappush(self._instants, when)
+        due.append((callback, args))
+
+    def pending(self) -> list[tuple[float, Callable, tuple]]:
+        """The events still to run, as (when, callback, args), in the order they will run."""
+        return [(when, callback, args) for when in sorted(self._due) for callback, args in self._due[when]]
 
     def when_idle(self, callback: Callable, *args) -> None:
         """Run callback(*args) once nothing else is due at this instant (no coroutine ready, no event or timer
@@ -181,16 +191,17 @@ class VirtualClock:
         scheduled = self.loop._scheduled
         while scheduled and scheduled[0]._cancelled:
             heapq.heappop(scheduled)._scheduled = False
-        events = self._events
-        if self._idle and not self.loop._ready and not (events and events[0][0] <= self.now) and not (
+        instants = self._instants
+        if self._idle and not self.loop._ready and not (instants and instants[0] <= self.now) and not (
                 scheduled and scheduled[0]._when <= self.now):
             callback, args = self._idle.popleft()
             callback(*args)
-        elif events and (not scheduled or events[0][0] <= scheduled[0]._when):
-            self.now = max(self.now, events[0][0])
-            while events and events[0][0] <= self.now:
-                _, _, callback, args = heapq.heappop(events)
-                callback(*args)
+        elif instants and (not scheduled or instants[0] <= scheduled[0]._when):
+            self.now = max(self.now, instants[0])
+            while instants and instants[0] <= self.now:
+                # Events scheduled for this instant while it runs go to a list of their own, run next.
+                for callback, args in self._due.pop(heapq.heappop(instants)):
+                    callback(*args)
         elif scheduled:
             self.now = max(self.now, scheduled[0]._when)
         else:

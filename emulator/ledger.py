@@ -1,7 +1,7 @@
 """The ledger: every message's exact encoded size, per directed link and per node per round."""
 from __future__ import annotations
 
-from collections import defaultdict
+from array import array
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
@@ -15,16 +15,25 @@ _SENT, _DELIVERED, _DROPPED, _BYTES_SENT, _BYTES_DELIVERED = range(5)
 _CAUSE = {cause: 5 + i for i, cause in enumerate(DROP_CAUSES)}
 
 
-@dataclass(slots=True)
-class NodeRound:
-    """What one node sent and received in one round (messages tagged with that round)."""
-    msgs_sent: int = 0
-    bytes_sent: int = 0
-    msgs_received: int = 0
-    bytes_received: int = 0
+# What a node sent and received in a round (messages tagged with that round), in metric-row order.
+NODE_ROUND_COUNTERS = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_received")
 
 
-_NO_TRAFFIC = NodeRound()
+class RoundCounts:
+    """One round's NODE_ROUND_COUNTERS for every node: four arrays of 64-bit ints, 32 bytes a node
+    (a dict of small objects per node and round costs ~1.4 KB, too much at a million nodes)."""
+    __slots__ = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_received")
+
+    def __init__(self, num_nodes: int):
+        zeros = array("q", bytes(8 * num_nodes))
+        self.msgs_sent, self.bytes_sent, self.msgs_received, self.bytes_received = (
+            zeros, array("q", zeros), array("q", zeros), array("q", zeros))
+
+    def of(self, node: int) -> list[int]:
+        return [self.msgs_sent[node], self.bytes_sent[node], self.msgs_received[node], self.bytes_received[node]]
+
+    def put(self, node: int, values: list[int]) -> None:
+        self.msgs_sent[node], self.bytes_sent[node], self.msgs_received[node], self.bytes_received[node] = values
 
 
 @dataclass(slots=True)
@@ -42,36 +51,47 @@ class TraceRow:
 
 class Ledger:
     def __init__(self, trace: bool = False):
-        self.links: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0] * len(LINK_COUNTERS))
-        self.node_rounds: dict[tuple[int, int], NodeRound] = defaultdict(NodeRound)
+        self.links: dict[tuple[int, int], list[int]] = {}
+        self.num_nodes = 0  # set by the network that carries the messages
+        self.rounds: dict[int, RoundCounts] = {}  # round -> every node's counts for it
         self.trace: list[TraceRow] | None = [] if trace else None
 
-    def row(self, src: int, dst: int) -> list[int]:
-        """The counters of link src -> dst; links keep a reference so the hot path skips lookups."""
-        return self.links[src, dst]
+    def row(self, key: tuple[int, int]) -> list[int]:
+        """The counters of link key = (src, dst); links keep a reference so the hot path skips lookups."""
+        row = self.links.get(key)
+        if row is None:
+            row = self.links[key] = [0] * len(LINK_COUNTERS)
+        return row
+
+    def counts(self, rnd: int) -> RoundCounts:
+        """Every node's counts for round rnd (zeros for a round nobody used yet)."""
+        counts = self.rounds.get(rnd)
+        if counts is None:
+            counts = self.rounds[rnd] = RoundCounts(self.num_nodes)
+        return counts
 
     def sent(self, row: list[int], src: int, rnd: int, nbytes: int) -> None:
         row[_SENT] += 1
         row[_BYTES_SENT] += nbytes
-        node = self.node_rounds[src, rnd]
-        node.msgs_sent += 1
-        node.bytes_sent += nbytes
+        counts = self.rounds.get(rnd) or self.counts(rnd)
+        counts.msgs_sent[src] += 1
+        counts.bytes_sent[src] += nbytes
 
     def delivered(self, row: list[int], dst: int, rnd: int, nbytes: int) -> None:
         row[_DELIVERED] += 1
         row[_BYTES_DELIVERED] += nbytes
-        node = self.node_rounds[dst, rnd]
-        node.msgs_received += 1
-        node.bytes_received += nbytes
+        counts = self.rounds.get(rnd) or self.counts(rnd)
+        counts.msgs_received[dst] += 1
+        counts.bytes_received[dst] += nbytes
 
     def refused(self, row: list[int], dst: int, rnd: int, nbytes: int, cause: str) -> None:
         """A delivered message its receiver could not use: counted as a drop instead (corrupt: it did
         not decode; invalid: its protocol's check of the body failed)."""
         row[_DELIVERED] -= 1
         row[_BYTES_DELIVERED] -= nbytes
-        node = self.node_rounds[dst, rnd]
-        node.msgs_received -= 1
-        node.bytes_received -= nbytes
+        counts = self.counts(rnd)
+        counts.msgs_received[dst] -= 1
+        counts.bytes_received[dst] -= nbytes
         self.dropped(row, cause)
 
     def dropped(self, row: list[int], cause: str) -> None:
@@ -85,8 +105,8 @@ class Ledger:
         return row
 
     def node_round(self, node: int, rnd: int) -> dict[str, int]:
-        counts = self.node_rounds.get((node, rnd), _NO_TRAFFIC)
-        return {name: getattr(counts, name) for name in NodeRound.__slots__}  # asdict's deep copy is slow
+        counts = self.rounds.get(rnd)
+        return dict(zip(NODE_ROUND_COUNTERS, counts.of(node) if counts is not None else (0, 0, 0, 0)))
 
     @property
     def bytes_total(self) -> int:

@@ -46,12 +46,6 @@ class Delay:
         return f"Delay({self.kind}, {self.params})"
 
 
-@dataclass(slots=True)
-class LossState:
-    """A link's loss channel between messages: whether it is in its bad (bursty) state."""
-    bad: bool = False
-
-
 class Bernoulli:
     """Each message is lost independently with probability p."""
 
@@ -59,7 +53,7 @@ class Bernoulli:
         self.p = p
         self.draws = p > 0
 
-    def lost(self, rng: random.Random, state: LossState) -> bool:
+    def lost(self, rng: random.Random, link: Link) -> bool:
         return self.p > 0 and rng.random() < self.p
 
 
@@ -74,8 +68,8 @@ class GilbertElliott:
         self.p, self.r, self.loss_good, self.loss_bad = p, r, loss_good, loss_bad
         self.draws = True
 
-    def lost(self, rng: random.Random, state: LossState) -> bool:
-        bad = state.bad = (rng.random() >= self.r) if state.bad else (rng.random() < self.p)
+    def lost(self, rng: random.Random, link: Link) -> bool:
+        bad = link.loss_bad = (rng.random() >= self.r) if link.loss_bad else (rng.random() < self.p)
         return rng.random() < (self.loss_bad if bad else self.loss_good)
 
 
@@ -121,7 +115,7 @@ class Capacity:
 
 class Link:
     __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "corrupt", "draws", "_rng", "_corrupt_rng", "_seeds",
-                 "loss_state", "free_at", "last_start", "last_arrival", "up", "down", "counters")
+                 "loss_bad", "free_at", "last_start", "last_arrival", "up", "down", "counters")
 
     def __init__(self, src: int, dst: int, spec: LinkSpec, seeds, up: Capacity, down: Capacity,
                  counters: list[int] | None = None):
@@ -131,7 +125,7 @@ class Link:
         self.draws = spec.latency.draws or spec.loss.draws
         self._rng, self._seeds = None, seeds  # the run's Seeds: the link's stream is ("link", src, dst)
         self._corrupt_rng = None  # a stream of its own: corruption leaves loss and delay draws as they were
-        self.loss_state = LossState()
+        self.loss_bad = False  # the loss channel's state between messages: bad (bursty) or good
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
         self.up, self.down = up, down
@@ -171,7 +165,7 @@ class Link:
         if up.rate != math.inf:
             up.free_at = end
         rng = self.rng if self.draws else None
-        if self.loss.draws and self.loss.lost(rng, self.loss_state):
+        if self.loss.draws and self.loss.lost(rng, self):
             return None
         arrival = max(end + self.latency.sample(rng), self.last_arrival)
         self.last_arrival = arrival

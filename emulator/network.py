@@ -40,7 +40,8 @@ class MessageTooLargeWarning(RuntimeWarning):
 
 @dataclass(slots=True)
 class Message:
-    """An arrived message. `body` is set when the receiver takes it; until then `frame` holds its bytes."""
+    """A message on its link, then in its receiver's mailbox. `body` is set when the receiver takes it;
+    until then `frame` holds its bytes."""
     src: int
     dst: int
     kind: str
@@ -75,15 +76,23 @@ class Mailbox:
 
 class RoundGraph:
     """One round's topology: whom each node sends to (out) and hears from (in)."""
-    __slots__ = ("graph", "out", "out_sorted", "in_sorted")
+    __slots__ = ("graph", "_out", "out_sorted", "in_sorted")
 
     def __init__(self, graph: nx.Graph):
         self.graph = graph
         directed = graph.is_directed()
-        self.out = {node: set(graph.successors(node) if directed else graph.neighbors(node)) for node in graph.nodes}
-        self.out_sorted = {node: sorted(peers) for node, peers in self.out.items()}
+        self.out_sorted = {node: sorted(graph.successors(node) if directed else graph.neighbors(node))
+                           for node in graph.nodes}
         self.in_sorted = ({node: sorted(graph.predecessors(node)) for node in graph.nodes} if directed
                           else self.out_sorted)
+        self._out = None
+
+    @property
+    def out(self) -> dict[int, set[int]]:
+        """Each node's out-neighbours as a set: made on first use, as a static topology never asks."""
+        if self._out is None:
+            self._out = {node: set(peers) for node, peers in self.out_sorted.items()}
+        return self._out
 
 
 class Network:
@@ -106,7 +115,7 @@ class Network:
         self.edge_specs = edge_specs or {}
         self.compress, self.max_message_bytes, self.checksum = compress, max_message_bytes, checksum
         self.adversaries = adversaries  # Adversaries: chosen senders' bodies are replaced by an attack
-        self.num_nodes = n = graph.number_of_nodes()
+        self.num_nodes = ledger.num_nodes = n = graph.number_of_nodes()
         self.uplinks = [Capacity(rate) for rate in _per_node(uplink, n)]
         self.downlinks = [Capacity(rate) for rate in _per_node(downlink, n)]
         self.mailboxes = [Mailbox() for _ in range(n)]
@@ -118,21 +127,12 @@ class Network:
         self._wire_rngs: dict[int, object] = {}
         self.in_flight = 0  # frames on their links: sent, not yet arrived nor dropped
         self.drained: Callable[[], None] | None = None  # called when the last frame in flight lands
-        self.set_graph(graph)
-        if schedule is not None:
-            self.set_schedule(schedule)
-
-    # -- topology ---------------------------------------------------------
-    def set_graph(self, graph: nx.Graph) -> None:
-        """Make `graph` the topology of every round; links keep their queues across changes."""
         self.graph = graph
-        self.schedule = None
-        self._static = self._adopt(graph)
-
-    def set_schedule(self, schedule) -> None:
-        """A time-varying topology: schedule.graph(r) is round r's graph; rounds with one schedule.key(r) share it."""
+        # A time-varying topology: schedule.graph(r) is round r's graph; rounds with one schedule.key(r) share
+        # it, and links keep their queues across changes. Without one, the links are exactly graph's edges.
         self.schedule = schedule
         self._rounds: dict[Any, RoundGraph] = {}
+        self._static = self._adopt(graph)
 
     def at(self, rnd: int) -> RoundGraph:
         """The topology of round `rnd`."""
@@ -153,11 +153,13 @@ class Network:
         return RoundGraph(graph)
 
     def _link(self, src: int, dst: int) -> Link:
-        link = self.links.get((src, dst))
+        key = (src, dst)
+        link = self.links.get(key)
         if link is None:
-            spec = self.edge_specs.get((src, dst), self.spec)
-            link = Link(src, dst, spec, self.seeds, self.uplinks[src], self.downlinks[dst], self.ledger.row(src, dst))  # every link gets a ledger row, even if it stays idle
-            self.links[src, dst] = link
+            spec = self.edge_specs.get(key, self.spec)
+            # every link gets a ledger row, even if it stays idle
+            link = self.links[key] = Link(src, dst, spec, self.seeds, self.uplinks[src], self.downlinks[dst],
+                                          self.ledger.row(key))
         return link
 
     def neighbours(self, node: int, rnd: int = 0) -> list[int]:
@@ -200,13 +202,13 @@ class Network:
 
     def transmit(self, src: int, dst: int, kind: str, rnd: int, frame) -> None:
         """Put an already encoded frame on the link src -> dst."""
-        topology = self.at(rnd)
-        if dst not in topology.out[src]:
+        # A static topology's links are its edges; a schedule's round may use only some of them.
+        link = self.links.get((src, dst)) if self.schedule is None or dst in self.at(rnd).out[src] else None
+        if link is None:
             raise NotNeighbourError(f"node {src} cannot send to {dst}: not a current neighbour in round {rnd} "
-                                    f"(neighbours: {topology.out_sorted[src]})")
+                                    f"(neighbours: {self.at(rnd).out_sorted[src]})")
         now = self.clock.now
         ledger = self.ledger
-        link = self.links[src, dst]
         nbytes = len(frame)
         trace = ledger.record(src, dst, kind, rnd, nbytes, now) if ledger.trace is not None else None
         if nbytes > self.max_message_bytes:
@@ -224,18 +226,19 @@ class Network:
         if arrival is None:
             return self._drop(link, "loss", trace)
         self.in_flight += 1
+        message = Message(src, dst, kind, rnd, nbytes, now, arrival, frame, None, trace)
         if self.senders_change and link.last_start > now:
-            self.clock.schedule(link.last_start, self._start, link, kind, rnd, frame, now, arrival, trace)
+            self.clock.schedule(link.last_start, self._start, link, message)
         else:
-            self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, now, arrival, trace)
+            self.clock.schedule(arrival, self._arrive, link, message)
 
-    def _start(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
+    def _start(self, link: Link, message: Message) -> None:
         """A queued message's turn: it leaves only if its sender and its edge are still up."""
         if not self.online[link.src]:
-            return self._landed(link, "offline", trace)
+            return self._landed(link, "offline", message.trace)
         if self.faults is not None and self.faults.down(link.src, link.dst, self.clock.now):
-            return self._landed(link, "link_down", trace)
-        self.clock.schedule(arrival, self._arrive, link, kind, rnd, frame, t_send, arrival, trace)
+            return self._landed(link, "link_down", message.trace)
+        self.clock.schedule(message.t_arrive, self._arrive, link, message)
 
     def _landed(self, link: Link, drop_cause: str, trace: TraceRow | None) -> None:
         """A frame in flight dropped on arrival or at its turn to leave."""
@@ -252,21 +255,21 @@ class Network:
         if trace is not None:
             trace.fate = cause
 
-    def _arrive(self, link: Link, kind, rnd, frame, t_send, arrival, trace) -> None:
-        dst = link.dst
+    def _arrive(self, link: Link, message: Message) -> None:
+        dst, trace = link.dst, message.trace
         if not self.online[dst]:
             return self._landed(link, "offline", trace)
         if link.corrupt.draws:
-            damaged = link.damage(frame)
+            damaged = link.damage(message.frame)
             if damaged is not None:
                 if self.checksum and not wire.intact(damaged):
                     return self._landed(link, "corrupt", trace)
-                frame = damaged
-        self.ledger.delivered(link.counters, dst, rnd, len(frame))
+                message.frame = damaged
+        self.ledger.delivered(link.counters, dst, message.round, message.size)
         if trace is not None:
-            trace.t_arrive, trace.fate = arrival, "delivered"
+            trace.t_arrive, trace.fate = message.t_arrive, "delivered"
         self._off_the_link()
-        self.mailboxes[dst].put(Message(link.src, dst, kind, rnd, len(frame), t_send, arrival, frame, trace=trace))
+        self.mailboxes[dst].put(message)
 
     def open(self, message: Message) -> bool:
         """Decode a message its receiver takes; False, and a corrupt drop instead of a delivery, if it does not decode."""

@@ -52,12 +52,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import nn
-from torchvision import models as tvm
-from torchvision.models.googlenet import BasicConv2d
-from torchvision.models.mobilenetv2 import InvertedResidual
-from torchvision.models.resnet import BasicBlock
 
+from .lazy import LazyModule
 from .model_specs import NORMS, ModelError, assigned_arch, parse_model
+
+# torchvision's import pulls in torch._dynamo (over a second): only the architectures built from its
+# blocks load it.
+tvm = LazyModule("torchvision.models")
 
 
 # fork_rng swaps the process-wide CPU generator; serialise builds so two threads
@@ -130,6 +131,8 @@ def _shufflenet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
 
 
 def _googlenet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    from torchvision.models.googlenet import BasicConv2d
+
     net = tvm.googlenet(weights=None, num_classes=d_z, aux_logits=False, init_weights=True, transform_input=False)
     net.conv1 = BasicConv2d(in_shape[0], 64, kernel_size=3, padding=1)
     nn.init.trunc_normal_(net.conv1.conv.weight, std=0.01, a=-2, b=2)  # torchvision's GoogLeNet init
@@ -153,6 +156,8 @@ def _alexnet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
 
 
 def _small_resnet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    from torchvision.models.resnet import BasicBlock
+
     def down(c_in: int, c_out: int) -> nn.Module:
         shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=2, bias=False), nn.BatchNorm2d(c_out))
         return BasicBlock(c_in, c_out, stride=2, downsample=shortcut)
@@ -164,6 +169,8 @@ def _small_resnet(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
 
 
 def _small_dwsep(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    from torchvision.models.mobilenetv2 import InvertedResidual
+
     return nn.Sequential(
         *_conv_bn(in_shape[0], 16),
         InvertedResidual(16, 32, stride=2, expand_ratio=2), InvertedResidual(32, 64, stride=2, expand_ratio=2),
