@@ -4,10 +4,11 @@ At every round close: that round's metric rows, the protocol's new stream rows
 (graph.jsonl, ...) and the trace rows whose fate is known are appended;
 links.csv and availability.jsonl are replaced whole, at most every
 SNAPSHOT_SECONDS of wall time and at most 1/SNAPSHOT_SHARE of it (400,000 links
-take a second to write). When the run ends, metrics.jsonl and
-messages.jsonl are replaced by their final versions (a message tagged with a
-round can still arrive, or turn out corrupt, after that round closed), and
-summary.json comes last.
+take a second to write). When the run ends, messages.jsonl is replaced by its final version, and so is
+metrics.jsonl if a closed round's rows changed since they were written (a
+message tagged with a round can still arrive, or turn out corrupt, after that
+round closed; a node can log into its last round after it); otherwise the rows
+of rounds that never closed are appended. summary.json comes last.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import asdict
 
 from analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 from emulator.emulation import Emulation
+from emulator.ledger import RoundCounts
 
 SNAPSHOT_SECONDS = 2.0
 SNAPSHOT_SHARE = 50
@@ -27,12 +29,15 @@ class RunStream:
         self._streamed: dict[str, int] = {}  # node.record stream -> rows on disk
         self._traced = 0  # trace rows on disk
         self._metric_rows = 0  # metrics.jsonl rows on disk
+        self._written_counts: dict[int, RoundCounts] = {}  # a closed round's ledger counts when its rows were written
+        self._resumed = False
         self._next_snapshot = time.perf_counter() + SNAPSHOT_SECONDS
 
     def round_closed(self, rnd: int) -> None:
         rows = self.emulation.recorder.round_rows(rnd)
         self.writer.append("metrics.jsonl", rows)
         self._metric_rows += len(rows)
+        self._written_counts[rnd] = self.emulation.ledger.counts(rnd).copy()
         self._append_streams()
         self._append_trace()
         if time.perf_counter() >= self._next_snapshot:
@@ -41,7 +46,7 @@ class RunStream:
     def snapshot(self) -> None:
         """links.csv and availability.jsonl as they stand now, each replaced whole."""
         emulation, start = self.emulation, time.perf_counter()
-        self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_rows()))
+        self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_table(), by_name=False))
         if emulation.availability is not None:
             self.writer.jsonl("availability.jsonl", emulation.availability.rows())
         end = time.perf_counter()
@@ -55,6 +60,7 @@ class RunStream:
     def resume_at(self, position: dict) -> None:
         """Cut each streamed file back to its rows at the checkpoint (later ones are written again)."""
         self._metric_rows, self._traced = position["metrics"], position["traced"]
+        self._resumed = True  # what the rows on disk counted is not known here: finish rewrites them
         self._streamed = dict(position["streams"])
         self.writer.nulled = position["nulled"]
         self.writer.keep_lines("metrics.jsonl", self._metric_rows)
@@ -63,12 +69,23 @@ class RunStream:
             self.writer.keep_lines(f"{name}.jsonl", rows)
 
     def finish(self, rows: list[dict], summary: dict) -> None:
-        self.writer.jsonl("metrics.jsonl", rows)
+        if self._rows_written_are_final():
+            self.writer.append("metrics.jsonl", rows[self._metric_rows:])
+        else:
+            self.writer.jsonl("metrics.jsonl", rows)
         self._append_streams()
         if self.emulation.ledger.trace is not None:
             self.writer.jsonl("messages.jsonl", self.emulation.ledger.trace_rows())
         self.snapshot()
         self.writer.finish(summary)
+
+    def _rows_written_are_final(self) -> bool:
+        """Whether the rows on disk are the final rows' first ones: no closed round's ledger counts,
+        metrics or snapshots changed after its rows were written (then rewriting them changes nothing)."""
+        if self._resumed or self.emulation.recorder.changed_after_close:
+            return False
+        ledger = self.emulation.ledger
+        return all(ledger.counts(rnd) == counts for rnd, counts in self._written_counts.items())
 
     def _append_streams(self) -> None:
         for name, rows in self.emulation.recorder.streams.items():

@@ -32,6 +32,16 @@ class RoundCounts:
     def of(self, node: int) -> list[int]:
         return [self.msgs_sent[node], self.bytes_sent[node], self.msgs_received[node], self.bytes_received[node]]
 
+    def copy(self) -> RoundCounts:
+        copied = RoundCounts(0)
+        for counter in self.__slots__:
+            setattr(copied, counter, array("q", getattr(self, counter)))
+        return copied
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RoundCounts) and all(
+            getattr(self, counter) == getattr(other, counter) for counter in self.__slots__)
+
     def put(self, node: int, values: list[int]) -> None:
         self.msgs_sent[node], self.bytes_sent[node], self.msgs_received[node], self.bytes_received[node] = values
 
@@ -125,10 +135,9 @@ class Ledger:
         out.update({f"dropped_{c}": sum(r[i] for r in rows) for c, i in _CAUSE.items()})
         return out
 
-    def link_rows(self) -> Iterator[dict]:
-        """One row per directed link, in (src, dst) order: src, dst and its counters by name."""
-        for (src, dst), row in sorted(self.links.items()):
-            yield {"src": src, "dst": dst, **dict(zip(LINK_COUNTERS, row))}
+    def link_table(self) -> Iterator[list[int]]:
+        """One row per directed link, in (src, dst) order: [src, dst, *counters] (LINK_COUNTERS' order)."""
+        return ([*key, *self.links[key]] for key in sorted(self.links))
 
     def trace_rows(self) -> Iterator[dict]:
         return (asdict(row) for row in self.trace)

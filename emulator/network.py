@@ -127,6 +127,8 @@ class Network:
         self._wire_rngs: dict[int, object] = {}
         self.in_flight = 0  # frames on their links: sent, not yet arrived nor dropped
         self.drained: Callable[[], None] | None = None  # called when the last frame in flight lands
+        # Bound once: a bound method made per message would cost an object for every frame in flight.
+        self._arrive_event, self._start_event = self._arrive, self._start
         self.graph = graph
         # A time-varying topology: schedule.graph(r) is round r's graph; rounds with one schedule.key(r) share
         # it, and links keep their queues across changes. Without one, the links are exactly graph's edges.
@@ -228,9 +230,9 @@ class Network:
         self.in_flight += 1
         message = Message(src, dst, kind, rnd, nbytes, now, arrival, frame, None, trace)
         if self.senders_change and link.last_start > now:
-            self.clock.schedule(link.last_start, self._start, link, message)
+            self.clock.schedule(link.last_start, self._start_event, link, message)
         else:
-            self.clock.schedule(arrival, self._arrive, link, message)
+            self.clock.schedule(arrival, self._arrive_event, link, message)
 
     def _start(self, link: Link, message: Message) -> None:
         """A queued message's turn: it leaves only if its sender and its edge are still up."""
@@ -238,7 +240,7 @@ class Network:
             return self._landed(link, "offline", message.trace)
         if self.faults is not None and self.faults.down(link.src, link.dst, self.clock.now):
             return self._landed(link, "link_down", message.trace)
-        self.clock.schedule(message.t_arrive, self._arrive, link, message)
+        self.clock.schedule(message.t_arrive, self._arrive_event, link, message)
 
     def _landed(self, link: Link, drop_cause: str, trace: TraceRow | None) -> None:
         """A frame in flight dropped on arrival or at its turn to leave."""

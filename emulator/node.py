@@ -21,7 +21,7 @@ from .recorder import Recorder
 from .seeds import Seeds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeContext:
     """What one node may use; it holds nothing of other nodes but the network that carries messages."""
     id: int
@@ -36,6 +36,9 @@ class NodeContext:
 
 
 class Node:
+    __slots__ = ("id", "_round", "_context", "_network", "_clock", "_mailbox", "_rng", "_np_rng", "_torch_generator",
+                 "_carried", "__weakref__")
+
     def __init__(self, context: NodeContext):
         self.id = context.id
         self._round = 0

@@ -22,6 +22,8 @@ class Recorder:
         self.done_through = [-1] * num_nodes  # each node's last finished round
         self.alive = num_nodes
         self.streams: dict[str, list[dict]] = defaultdict(list)
+        self.closed_through = -1  # the last round closed
+        self.changed_after_close = False  # a closed round's row got a metric or snapshot later
 
     def _row(self, node: int, rnd: int) -> dict:
         row = self.rows.get((rnd, node))
@@ -31,9 +33,13 @@ class Recorder:
 
     def log(self, node: int, rnd: int, metrics: dict) -> None:
         self._row(node, rnd).update(metrics)
+        if rnd <= self.closed_through:
+            self.changed_after_close = True
 
     def snapshot(self, node: int, rnd: int, state: Any) -> None:
         self.snapshots[rnd][node] = state
+        if rnd <= self.closed_through:
+            self.changed_after_close = True
 
     def record(self, stream: str, row: dict) -> None:
         self.streams[stream].append(row)
@@ -61,6 +67,7 @@ class Recorder:
 
     def _close(self, rnd: int, now: float) -> None:
         del self.finished[rnd]
+        self.closed_through = max(self.closed_through, rnd)
         self._observe(rnd)
         self.on_round(rnd, now)
 

@@ -98,20 +98,22 @@ def encode(obj, *, compress: str = "none", rng: np.random.Generator | None = Non
     Dict keys must stay hashable when decoded: str, int, float, bool, None or bytes, not tuples.
     With `checksum`, the prefix carries the CRC32C a receiver checks (decode's `checksum`).
     """
-    if compress not in COMPRESSIONS:
-        raise ValueError(f"unknown compression {compress!r}; use one of {', '.join(COMPRESSIONS)}")
-    if compress in _LEVELS and rng is None:
-        raise ValueError(f"compression {compress!r} needs rng, a numpy Generator")
-    enc = _Encoder(compress, rng)
-    header_packer, enc.packer = _packers()
-    _local.encoder = enc
-    header = header_packer.pack(obj)
-    if len(header) >= MAX_HEADER or enc.size >= MAX_DATA:
+    if compress != "none":
+        if compress not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {compress!r}; use one of {', '.join(COMPRESSIONS)}")
+        if compress in _LEVELS and rng is None:
+            raise ValueError(f"compression {compress!r} needs rng, a numpy Generator")
+    enc = _encoder()
+    enc.compress, enc.rng, enc.parts, enc.size = compress, rng, [], 0
+    header = enc.header_packer.pack(obj)
+    size = enc.size
+    if len(header) >= MAX_HEADER or size >= MAX_DATA:
         raise ValueError(f"wire cannot encode a header of {len(header)} bytes (limit {MAX_HEADER}) or data of "
-                         f"{enc.size} bytes (limit {MAX_DATA}): send large values as tensors or arrays")
-    prefix = _PREFIX.pack(_MAGIC, 0, len(header) << _DATA_BITS | enc.size)
+                         f"{size} bytes (limit {MAX_DATA}): send large values as tensors or arrays")
+    prefix = _PREFIX.pack(_MAGIC, 0, len(header) << _DATA_BITS | size)
     # bytearray.join allocates without zero-filling: the tensor bytes are copied exactly once
-    frame = bytearray().join([prefix, header, _ZEROS[:-(len(prefix) + len(header)) % _ALIGN], *enc.parts])
+    frame = bytearray().join([prefix, header, _ZEROS[:-(_PREFIX.size + len(header)) % _ALIGN], *enc.parts])
+    enc.parts = None  # the tensors' bytes are in the frame: do not keep them alive
     if checksum:
         struct.pack_into("<I", frame, 4, _crc(frame))
     return frame
@@ -126,23 +128,25 @@ def _crc(frame) -> int:
     return crc32c.crc32c(memoryview(frame)[_CHECKED:])  # the view goes with the call: frame stays resizable
 
 
-# Building a Packer costs more than packing a small message, so each thread reuses two:
-# one for headers (its default hook reaches the thread's current encoder), one for ext payloads.
+# Building an encoder and its Packers costs more than packing a small message: each thread reuses one.
 _local = threading.local()
 
 
-def _packers() -> tuple[msgpack.Packer, msgpack.Packer]:
-    packers = getattr(_local, "packers", None)
-    if packers is None:
-        packers = _local.packers = (msgpack.Packer(default=lambda obj: _local.encoder.default(obj)),
-                                    msgpack.Packer())
-    return packers
+def _encoder() -> _Encoder:
+    try:
+        return _local.encoder
+    except AttributeError:
+        encoder = _local.encoder = _Encoder()
+        return encoder
 
 
 class _Encoder:
-    def __init__(self, compress: str, rng: np.random.Generator | None):
-        self.compress, self.rng = compress, rng
-        self.packer: msgpack.Packer | None = None  # for ext payloads
+    """One frame's encoding at a time: encode sets compress, rng, parts and size for each frame."""
+
+    def __init__(self):
+        self.compress, self.rng = "none", None
+        self.header_packer = msgpack.Packer(default=self.default)
+        self.packer = msgpack.Packer()  # for ext payloads
         self.parts: list = []  # the data region, as buffers in order
         self.size = 0
 

@@ -93,7 +93,7 @@ def test_a_node_holds_no_other_node_and_not_the_emulation():
     with ThreadExecutor(1) as executor:
         emulation = build_emulation(config, graph, REGISTRY["gossip"](options, env), executor)
     for node in emulation.nodes:
-        reachable = list(vars(node).values())
+        reachable = [getattr(node, name) for name in Node.__slots__ if name != "__weakref__"]
         reachable += [getattr(held, f.name) for held in reachable if dataclasses.is_dataclass(held)
                       for f in dataclasses.fields(held)]
         assert not any(isinstance(value, (Node, Emulation)) for value in reachable)

@@ -12,6 +12,9 @@ import pytest
 
 from analysis.rundir import load_run, read_jsonl
 from app.cli import main
+from app.run import execute
+from app.settings import resolve
+from emulator.protocol import NoOptions, Protocol, protocols
 from tests.conftest import assert_one_line_error
 
 GOSSIP = ["--protocol", "gossip", "--nodes", "4", "--rounds", "2", "--quiet"]
@@ -155,3 +158,35 @@ def test_a_run_killed_at_any_moment_keeps_whole_lines_of_its_closed_rounds(tmp_p
             assert main(["report", str(out)]) == 2
             assert_one_line_error(capsys, "incomplete run")
     assert False in outcomes, "every kill came after the run finished: the moments test nothing"
+
+
+class _LogsAfterItsRounds(Protocol):
+    """Logs into its last round once its rounds are over: after that round closed, for the last node."""
+
+    async def run(self, node):
+        async for rnd in node.rounds():
+            node.broadcast("x", rnd)
+            await node.gather("x", timeout=0.01)
+            node.log(value=rnd)
+        node.log(after=True)
+
+
+@pytest.mark.parametrize("protocol, flags", [
+    ("gossip", {}),  # no closed round changes: the rows written at each close stay
+    ("gossip", {"latency": "uniform:low=1ms,high=30ms", "timeout": 0.01}),  # late arrivals count in closed rounds
+    (_LogsAfterItsRounds, {}),
+])
+def test_metrics_file_holds_the_rows_the_run_ends_with(tmp_path, protocol, flags):
+    registry = protocols()
+    settings = {"protocol": "gossip", "topology": "ring", "nodes": 6, "rounds": 4, "no_plots": True, "quiet": True,
+                **flags}
+    config, options = resolve(settings, registry)
+    cls = registry[protocol] if isinstance(protocol, str) else protocol
+    result = execute(config, options if isinstance(protocol, str) else NoOptions(), cls, tmp_path)
+    assert read_jsonl(tmp_path / "metrics.jsonl") == result.metrics
+    assert len(result.metrics) == 6 * 4
+    if isinstance(protocol, str):  # with latencies over the timeout, messages land after their round closed
+        late = sum(row["msgs_received"] - row["heard_from"] for row in result.metrics)
+        assert (late > 0) == bool(flags)
+    else:
+        assert all(row.get("after") for row in result.metrics if row["round"] == 3)
