@@ -34,9 +34,7 @@ class RunStream:
         self._next_snapshot = time.perf_counter() + SNAPSHOT_SECONDS
 
     def round_closed(self, rnd: int) -> None:
-        rows = self.emulation.recorder.round_rows(rnd)
-        self.writer.append("metrics.jsonl", rows)
-        self._metric_rows += len(rows)
+        self._metric_rows += self.writer.append("metrics.jsonl", self.emulation.recorder.round_rows(rnd))
         self._written_counts[rnd] = self.emulation.ledger.counts(rnd).copy()
         self._append_streams()
         self._append_trace()

@@ -23,7 +23,6 @@ import asyncio
 import concurrent.futures
 import heapq
 import itertools
-import math
 import selectors
 from collections import deque
 from typing import Any, Callable, Coroutine
@@ -98,14 +97,29 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._clock.now
 
-    @property
-    def _clock_resolution(self) -> float:
-        # A timer due exactly now must fire, however large `now` has grown.
-        return math.ulp(self._clock.now)
+    def _run_once(self):
+        """asyncio's iteration less what emulated time never needs: no timeout to work out, and no
+        selector call while callbacks are ready (the selector is where the clock jumps)."""
+        scheduled, ready = self._scheduled, self._ready
+        if len(scheduled) > 100 and self._timer_cancelled_count * 2 > len(scheduled):
+            kept = [timer for timer in scheduled if not timer._cancelled]
+            for timer in scheduled:
+                timer._scheduled = not timer._cancelled
+            heapq.heapify(kept)
+            self._scheduled = scheduled = kept
+            self._timer_cancelled_count = 0
+        if not ready and not self._stopping:
+            self._process_events(self._selector.select(None))
+        now = self._clock.now
+        while scheduled and scheduled[0]._when <= now:  # timers due now (cancelled ones are skipped below)
+            timer = heapq.heappop(scheduled)
+            timer._scheduled = False
+            ready.append(timer)
+        for _ in range(len(ready)):
+            handle = ready.popleft()
+            if not handle._cancelled:
+                handle._run()
 
-    @_clock_resolution.setter
-    def _clock_resolution(self, value):
-        pass
 
 
 class VirtualClock:
@@ -187,7 +201,8 @@ class VirtualClock:
 
     def _advance(self) -> bool:
         """Jump to the next event or timer; False when there is none."""
-        self._settle()
+        if self._unsettled:
+            self._settle()
         scheduled = self.loop._scheduled
         while scheduled and scheduled[0]._cancelled:
             heapq.heappop(scheduled)._scheduled = False

@@ -10,7 +10,6 @@ handle closes the paths a protocol could take by accident or by habit.)
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -152,7 +151,7 @@ class Node:
         messages = self._mailbox.messages
         while True:
             if kind is None:
-                message = messages.popleft() if messages else None
+                message = messages.pop(0) if messages else None
             else:
                 message = next((m for m in messages if m.kind == kind), None)
                 if message is not None:
@@ -192,7 +191,7 @@ class Node:
             elif message.round == rnd:
                 keep.append(message)
         if len(keep) != len(self._mailbox.messages):
-            self._mailbox.messages = deque(keep)
+            self._mailbox.messages = keep
 
     def _opens(self, message: Message, valid: Callable[[Any], bool] | None) -> bool:
         """Decode the message; False (and a drop) if it is corrupt or its body fails `valid`."""

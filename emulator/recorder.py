@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .ledger import Ledger
 
@@ -77,10 +77,11 @@ class Recorder:
             for node, metrics in self.observe(rnd, snapshots).items():
                 self._row(node, rnd).update(metrics)
 
-    def round_rows(self, rnd: int) -> list[dict]:
-        """A closed round's rows in node order, with each node's ledger totals for the round so far."""
+    def round_rows(self, rnd: int) -> Iterator[dict]:
+        """A closed round's rows in node order, with each node's ledger totals for the round so far
+        (made one at a time: a million nodes' copies at once would cost a gigabyte)."""
         rows = (self.rows.get((rnd, node)) for node in range(self.num_nodes))
-        return [{**row, **self.ledger.node_round(row["node"], rnd)} for row in rows if row is not None]
+        return ({**row, **self.ledger.node_round(row["node"], rnd)} for row in rows if row is not None)
 
     def finish(self, now: float) -> list[dict]:
         """Rows in (round, node) order, with each node's ledger totals for the round.

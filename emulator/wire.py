@@ -305,12 +305,24 @@ def _check_shape(shape) -> None:
         raise WireError(f"bad shape {shape!r:.80}")
 
 
+# Small numpy arrays are decoded a million times a run with a handful of descriptors: each
+# checked descriptor is kept (up to a bound), so only the array's place is checked again.
+_KNOWN_DESCRIPTORS = 4096
+_NUMPY_DESCRIPTORS: dict[bytes, tuple] = {}
+
+
 class _Decoder:
     def __init__(self, buf, start: int):
         self.buf, self.start = buf, start
         self.end = 0  # where the previous tensor ended in the data region
 
     def ext_hook(self, code: int, payload: bytes):
+        known = _NUMPY_DESCRIPTORS.get(payload) if code == _NUMPY else None
+        if known is not None:  # checked when first seen: only its place in this frame is left to check
+            dtype, shape, offset, nbytes = known
+            if offset != self.end + -self.end % _ALIGN:
+                raise WireError(f"tensor at offset {offset!r:.20} is out of place")
+            return self._array(dtype, shape, offset, nbytes)
         if len(payload) > MAX_DESCRIPTOR:  # before unpacking it: a long shape list costs its length to parse
             raise WireError(f"tensor descriptor of {len(payload)} bytes (at most {MAX_DESCRIPTOR})")
         fields = msgpack.unpackb(payload)
@@ -329,6 +341,8 @@ class _Decoder:
             raise WireError(f"unknown dtype {name!r:.40}")
         array = self._array(dtypes[name], shape, offset, nbytes)
         if code == _NUMPY:
+            if len(_NUMPY_DESCRIPTORS) < _KNOWN_DESCRIPTORS:
+                _NUMPY_DESCRIPTORS[payload] = (dtypes[name], shape, offset, nbytes)
             return array
         import torch
 
