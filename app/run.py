@@ -220,7 +220,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                    **_checkpoint_summary(config, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
-    if not config.no_plots:
+    if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
         from analysis.plots import plot_run
 
         plot_run(out_dir)
