@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import heapq
 import itertools
 import selectors
@@ -82,10 +83,28 @@ class _OrderedTimer(asyncio.TimerHandle):
         return self._when < other._when
 
 
+class _ReadyHandle(asyncio.Handle):
+    """A Handle made without asyncio's debug-mode bookkeeping: every wake of a node makes one."""
+    __slots__ = ()
+
+    def __init__(self, callback, args, loop, context):
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop, self._callback, self._args = loop, callback, args
+        self._cancelled, self._repr, self._source_traceback = False, None, None
+
+
 class _VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: "VirtualClock"):
         self._clock = self.clock = clock
         super().__init__(_VirtualSelector(clock))
+
+    def call_soon(self, callback, *args, context=None):
+        if self._debug:
+            return super().call_soon(callback, *args, context=context)
+        self._check_closed()
+        handle = _ReadyHandle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
 
     def call_at(self, when, callback, *args, context=None):
         self._check_closed()
@@ -119,7 +138,6 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
             handle = ready.popleft()
             if not handle._cancelled:
                 handle._run()
-
 
 
 class VirtualClock:
