@@ -132,3 +132,17 @@ def test_help_listing_and_gossip_import_no_torch_or_matplotlib(tmp_path, argv):
               f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))")
     printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "0 []"
+
+
+@pytest.mark.parametrize("protocol, model, loaded", [("dfedavgm", "mlp", ["torch"]), ("dfedavgm", "cnn-small", ["torch"]),
+                                                     ("local", "hetero-small", ["torch", "torchvision"])])
+def test_a_learning_run_of_no_rounds_imports_torchvision_only_for_its_blocks_and_never_matplotlib(
+        tmp_path, protocol, model, loaded):
+    argv = ["--protocol", protocol, "--dataset", "digits", "--nodes", "4", "--rounds", "0", "--model", model,
+            "--quiet", "--out", str(tmp_path)]
+    script = ("import sys\nfrom app.cli import main\n"
+              f"status = main({argv!r})\n"
+              f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert printed.strip().splitlines()[-1] == f"0 {loaded!r}"
+    assert not (tmp_path / "plots").exists()  # no rounds, no curve to draw
