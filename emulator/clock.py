@@ -121,9 +121,12 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
         selector call while callbacks are ready (the selector is where the clock jumps)."""
         scheduled, ready = self._scheduled, self._ready
         if len(scheduled) > 100 and self._timer_cancelled_count * 2 > len(scheduled):
-            kept = [timer for timer in scheduled if not timer._cancelled]
+            kept = []  # over half the timers are cancelled: drop them all, as asyncio does
             for timer in scheduled:
-                timer._scheduled = not timer._cancelled
+                if timer._cancelled:
+                    timer._scheduled = False
+                else:
+                    kept.append(timer)
             heapq.heapify(kept)
             self._scheduled = scheduled = kept
             self._timer_cancelled_count = 0

@@ -320,8 +320,7 @@ class _Decoder:
         known = _NUMPY_DESCRIPTORS.get(payload) if code == _NUMPY else None
         if known is not None:  # checked when first seen: only its place in this frame is left to check
             dtype, shape, offset, nbytes = known
-            if offset != self.end + -self.end % _ALIGN:
-                raise WireError(f"tensor at offset {offset!r:.20} is out of place")
+            self._check_place(offset)
             return self._array(dtype, shape, offset, nbytes)
         if len(payload) > MAX_DESCRIPTOR:  # before unpacking it: a long shape list costs its length to parse
             raise WireError(f"tensor descriptor of {len(payload)} bytes (at most {MAX_DESCRIPTOR})")
@@ -329,9 +328,7 @@ class _Decoder:
         if type(fields) is not list or len(fields) != _FIELDS.get(code):
             raise WireError(f"bad ext type {code} with payload {fields!r:.80}")
         name, shape, offset, nbytes = fields[:4]
-        # tensors must tile the data region exactly as encode lays them out
-        if offset != self.end + -self.end % _ALIGN:
-            raise WireError(f"tensor at offset {offset!r:.20} is out of place")
+        self._check_place(offset)
         _check_shape(shape)
         if code == _LOSSY:
             t = self._lossy(name, shape, offset, nbytes, *fields[4:])
@@ -349,6 +346,11 @@ class _Decoder:
         t = torch.from_numpy(array)
         dtype = _torch_dtypes().by_name[name]
         return t if t.dtype == dtype else t.view(dtype)
+
+    def _check_place(self, offset) -> None:
+        """Tensors must tile the data region exactly as encode lays them out."""
+        if offset != self.end + -self.end % _ALIGN:
+            raise WireError(f"tensor at offset {offset!r:.20} is out of place")
 
     def _array(self, dtype: np.dtype, shape: list, offset: int, nbytes) -> np.ndarray:
         """The nbytes at data[offset:] as an array of shape, sharing the frame's memory."""
