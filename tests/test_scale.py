@@ -146,3 +146,16 @@ def test_a_learning_run_of_no_rounds_imports_torchvision_only_for_its_blocks_and
     printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert printed.strip().splitlines()[-1] == f"0 {loaded!r}"
     assert not (tmp_path / "plots").exists()  # no rounds, no curve to draw
+
+
+@pytest.mark.parametrize("rounds, loaded", [(0, False), (1, True)])
+def test_a_learning_run_imports_what_its_first_optimizer_needs_before_its_nodes_start(tmp_path, rounds, loaded):
+    # torch.optim imports torch._dynamo (about a second) when the first optimizer is made: inside the first
+    # nodes' jobs, that second would be measured and charged to them (--compute-time measured)
+    argv = ["--protocol", "dfedavgm", "--dataset", "digits", "--nodes", "4", "--rounds", str(rounds), "--model", "mlp",
+            "--quiet", "--no-plots", "--out", str(tmp_path)]
+    script = ("import sys\nfrom emulator.emulation import Emulation\nfrom app.cli import main\nrun = Emulation.run\n"
+              "def watched(self):\n    print('dynamo at start', 'torch._dynamo' in sys.modules)\n    return run(self)\n"
+              f"Emulation.run = watched\nmain({argv!r})")
+    printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert f"dynamo at start {loaded}" in printed
