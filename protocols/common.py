@@ -244,10 +244,6 @@ class LearningProtocol(Protocol):
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
         self.check_memory()
-        if env.rounds > 0:
-            # torch.optim imports torch._dynamo (about a second) when the first optimizer is made: import it
-            # while the run is set up, not in the first nodes' jobs, whose wall time is measured and charged
-            import torch._dynamo  # noqa: F401
 
     def check_memory(self) -> None:
         """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate.

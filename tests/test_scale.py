@@ -134,28 +134,26 @@ def test_help_listing_and_gossip_import_no_torch_or_matplotlib(tmp_path, argv):
     assert printed.strip() == "0 []"
 
 
-@pytest.mark.parametrize("protocol, model, loaded", [("dfedavgm", "mlp", ["torch"]), ("dfedavgm", "cnn-small", ["torch"]),
-                                                     ("local", "hetero-small", ["torch", "torchvision"])])
-def test_a_learning_run_of_no_rounds_imports_torchvision_only_for_its_blocks_and_never_matplotlib(
-        tmp_path, protocol, model, loaded):
-    argv = ["--protocol", protocol, "--dataset", "digits", "--nodes", "4", "--rounds", "0", "--model", model,
-            "--quiet", "--out", str(tmp_path)]
-    script = ("import sys\nfrom app.cli import main\n"
-              f"status = main({argv!r})\n"
-              f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))")
-    printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert printed.strip().splitlines()[-1] == f"0 {loaded!r}"
-    assert not (tmp_path / "plots").exists()  # no rounds, no curve to draw
-
-
-@pytest.mark.parametrize("rounds, loaded", [(0, False), (1, True)])
-def test_a_learning_run_imports_what_its_first_optimizer_needs_before_its_nodes_start(tmp_path, rounds, loaded):
-    # torch.optim imports torch._dynamo (about a second) when the first optimizer is made: inside the first
-    # nodes' jobs, that second would be measured and charged to them (--compute-time measured)
-    argv = ["--protocol", "dfedavgm", "--dataset", "digits", "--nodes", "4", "--rounds", str(rounds), "--model", "mlp",
-            "--quiet", "--no-plots", "--out", str(tmp_path)]
+@pytest.mark.parametrize("protocol, model, rounds, loaded", [
+    ("dfedavgm", "mlp", 0, ["torch"]),
+    ("local", "hetero-small", 0, ["torch", "torch._dynamo", "torchvision"]),  # small-resnet, small-dwsep: its blocks
+    ("dfedavgm", "mlp", 1, ["torch", "torch._dynamo"]),
+])
+def test_a_learning_run_imports_only_what_it_uses_and_before_its_nodes_start(tmp_path, protocol, model, rounds, loaded):
+    """torchvision only for the architectures built from its blocks; matplotlib (and plots) never for a run of
+    no rounds; torch._dynamo, which torch.optim imports with the first optimizer (about a second), before the
+    nodes start when they train: inside their first jobs that second would be measured and charged to them."""
+    argv = ["--protocol", protocol, "--dataset", "digits", "--nodes", "4", "--rounds", str(rounds), "--model", model,
+            "--quiet", "--out", str(tmp_path), *(["--no-plots"] if rounds else [])]
+    modules = (*HEAVY, "torch._dynamo")
     script = ("import sys\nfrom emulator.emulation import Emulation\nfrom app.cli import main\nrun = Emulation.run\n"
-              "def watched(self):\n    print('dynamo at start', 'torch._dynamo' in sys.modules)\n    return run(self)\n"
-              f"Emulation.run = watched\nmain({argv!r})")
+              "def watched(self):\n"
+              f"    print('at start', sorted(m for m in {modules!r} if m in sys.modules))\n"
+              "    return run(self)\n"
+              f"Emulation.run = watched\nstatus = main({argv!r})\n"
+              f"print('at end', status, sorted(m for m in {HEAVY!r} if m in sys.modules))")
     printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    assert f"dynamo at start {loaded}" in printed
+    assert f"at start {loaded!r}" in printed
+    assert f"at end 0 {[m for m in loaded if m in HEAVY]!r}" in printed
+    if not rounds:
+        assert not (tmp_path / "plots").exists()  # no rounds, no curve to draw

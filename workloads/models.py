@@ -45,6 +45,7 @@ the same one start from one x0), so a node's initial parameters depend on
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import threading
 from collections.abc import Callable
@@ -59,6 +60,17 @@ from .model_specs import NORMS, ModelError, assigned_arch, parse_model
 # torchvision's import pulls in torch._dynamo (over a second): only the architectures built from its
 # blocks load it.
 tvm = LazyModule("torchvision.models")
+TORCHVISION_ARCHS = frozenset({"resnet18", "shufflenet", "googlenet", "small-resnet", "small-dwsep"})
+
+
+def import_for_jobs(archs: list[str], trains: bool) -> None:
+    """Import now what the nodes' jobs would import on first use, as each takes about a second: inside
+    the first jobs it would be measured and charged to those nodes. torchvision for the architectures
+    built from its blocks; torch._dynamo, which torch.optim imports with the first optimizer, if they train."""
+    if TORCHVISION_ARCHS.intersection(archs):
+        importlib.import_module("torchvision.models")
+    if trains:
+        importlib.import_module("torch._dynamo")
 
 
 # fork_rng swaps the process-wide CPU generator; serialise builds so two threads

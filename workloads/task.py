@@ -11,7 +11,6 @@ from .lazy import LazyModule
 from .partitions import PartitionError, make_partition, parse_partition
 
 torch = LazyModule("torch")
-# torchvision's architectures come with the models: imported when the first workload is built
 models = LazyModule("workloads.models")
 
 INITS = ("common", "independent")
@@ -96,6 +95,7 @@ class Workload:
         if env.device == "cuda" and not torch.cuda.is_available():
             raise WorkloadError("--device cuda: no CUDA device is available")
         self.device = torch.device(env.device)
+        models.import_for_jobs(self.archs, trains=env.rounds > 0)
         try:
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
