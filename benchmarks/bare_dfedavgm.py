@@ -14,10 +14,10 @@ import torch
 
 import topologies
 from emulator.seeds import Seeds
-from workloads.datasets import load_dataset, normalise
-from workloads.models import build_model
-from workloads.partitions import make_partition
-from workloads.training import accuracy, float_state, mix, sgd
+from p2p_emulator.workloads.datasets import load_dataset, normalise
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.partitions import make_partition
+from p2p_emulator.workloads.training import accuracy, float_state, mix, sgd
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from app.settings import cores
+from p2p_emulator.settings import cores
 
 CASES = {
     "mlp64": ["--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "64", "--rounds", "10"],
@@ -36,7 +36,7 @@ EXECUTORS = ("thread", "batched")
 
 def emulate(out: Path, case: list[str], executor: str) -> dict:
     """One run in its own process; its summary.json."""
-    argv = [sys.executable, "-m", "app.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", *case,
+    argv = [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", *case,
             "--executor", executor, "--trace", "--quiet", "--no-plots", "--overwrite", "--out", str(out)]
     subprocess.run(argv, check=True, cwd=Path(__file__).parents[1])
     return json.loads((out / "summary.json").read_text())

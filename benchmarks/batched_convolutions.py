@@ -3,8 +3,8 @@
     ./dev bench batched_convolutions [--nodes 16] [--samples 320] [--scored 2048]
 
 --nodes cnn-small models on 28x28 inputs (random: only the time is measured), one torch thread:
-an epoch of --samples samples each by workloads.training.sgd, node after node, against
-workloads.batched.sgd_together (vmap, which runs a convolution over stacked weights as a grouped
+an epoch of --samples samples each by p2p_emulator.workloads.training.sgd, node after node, against
+p2p_emulator.workloads.batched.sgd_together (vmap, which runs a convolution over stacked weights as a grouped
 convolution); then --scored samples each scored by accuracy against accuracy_together.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from workloads.batched import accuracy_together, sgd_together
-from workloads.models import build_model
-from workloads.training import accuracy, sgd
+from p2p_emulator.workloads.batched import accuracy_together, sgd_together
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import accuracy, sgd
 
 
 def timed(run) -> float:

@@ -31,7 +31,7 @@ CASES = {
 
 def emulate(out: Path, flags: list[str]) -> tuple[dict, float]:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "app.cli", *flags, "--quiet", "--no-plots", "--out", str(out)], check=True,
+    subprocess.run([sys.executable, "-m", "p2p_emulator.cli", *flags, "--quiet", "--no-plots", "--out", str(out)], check=True,
                    cwd=Path(__file__).parents[1])
     return json.loads((out / "summary.json").read_text()), time.perf_counter() - start
 

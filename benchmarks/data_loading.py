@@ -3,12 +3,12 @@
     PYTHONPATH=. python benchmarks/data_loading.py [--steps 30] [--batch 64]
 
 Input side, per step: gather a batch from the uint8 training tensor by random
-indices, scale to 0..1, draw two augmented views (workloads.augment.TwoViews),
+indices, scale to 0..1, draw two augmented views (p2p_emulator.workloads.augment.TwoViews),
 standardise both. Training side: a cnn-small MAPL step (both views forward,
 cross-entropy + supervised contrastive loss on the projections, backward, Adam),
 with the spec's head (d_z = d_p = 512, hidden 4096) and the CPU head (128/128/512),
 and a plain one-view cross-entropy + SGD step. Target: input / step <= 0.20.
-FashionMNIST comes from workloads.datasets when its files are there (random
+FashionMNIST comes from p2p_emulator.workloads.datasets when its files are there (random
 uint8 data of that shape otherwise); the RGB row uses random CIFAR-shaped data,
 the only case where colour jitter runs.
 """
@@ -24,15 +24,15 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from workloads.augment import TwoViews
-from workloads.models import build_model
+from p2p_emulator.workloads.augment import TwoViews
+from p2p_emulator.workloads.models import build_model
 
 MAPL_HEADS = {"MAPL step, spec head 512/512/4096": (512, 512, 4096), "MAPL step, CPU head 128/128/512": (128, 128, 512)}
 
 
 def fashion_mnist() -> tuple[str, torch.Tensor, torch.Tensor, float, float]:
     try:
-        from workloads.datasets import load_dataset
+        from p2p_emulator.workloads.datasets import load_dataset
 
         ds = load_dataset("fashion-mnist")
         return "fashion-mnist", ds.train_x, ds.train_y, ds.mean[0], ds.std[0]

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from emulator.clock import VirtualClock
 from emulator.compute import Compute, ComputeModel, ThreadExecutor
-from workloads.datasets import DatasetError, load_dataset
+from p2p_emulator.workloads.datasets import DatasetError, load_dataset
 
 
 def dataset() -> str:
@@ -38,7 +38,7 @@ def dataset() -> str:
 
 def emulate(out: Path, nodes: int, rounds: int, data: str, executor: list[str]) -> dict:
     """One run in its own process; its summary.json, with the process's wall time."""
-    argv = [sys.executable, "-m", "app.cli", "--protocol", "dfedavgm", "--model", "cnn-small", "--dataset", data,
+    argv = [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--model", "cnn-small", "--dataset", data,
             "--topology", "regular:d=4", "--nodes", str(nodes), "--rounds", str(rounds), "--eval-every", str(rounds),
             "--quiet", "--no-plots", "--out", str(out), *executor]
     start = time.perf_counter()
@@ -81,8 +81,8 @@ def seconds_per_sample(model: str, steps: int = 6, batch: int = 32) -> float:
     """One-thread SGD on 28x28 grey images: training seconds per sample (the first step, warm-up, not counted)."""
     import torch
 
-    from workloads.models import build_model
-    from workloads.training import sgd
+    from p2p_emulator.workloads.models import build_model
+    from p2p_emulator.workloads.training import sgd
 
     torch.set_num_threads(1)
     net = build_model(model, (1, 28, 28), 10)

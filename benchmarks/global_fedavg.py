@@ -41,7 +41,7 @@ def emulate(flags: list[str]) -> dict:
     """Run `emulate` in a child process; its summary plus process wall time and peak RSS."""
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        child = subprocess.Popen([sys.executable, "-m", "app.cli", *flags, "--quiet", "--no-plots",
+        child = subprocess.Popen([sys.executable, "-m", "p2p_emulator.cli", *flags, "--quiet", "--no-plots",
                                   "--out", out], cwd=HERE.parent)
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
@@ -56,8 +56,8 @@ def emulate(flags: list[str]) -> dict:
 def reference(nodes: int, rounds: int, seed: int) -> dict:
     """Plain FedAvg: a loop over the clients' shards, then the sample-weighted average."""
     from emulator.seeds import Seeds
-    from workloads.datasets import load_dataset
-    from workloads.partitions import make_partition
+    from p2p_emulator.workloads.datasets import load_dataset
+    from p2p_emulator.workloads.partitions import make_partition
 
     data = load_dataset("digits")
     seeds = Seeds(seed)  # the emulator's streams: same partition, x0 and shuffling

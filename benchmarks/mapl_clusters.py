@@ -33,9 +33,9 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.plots import cluster_similarity  # noqa: E402
-from analysis.rundir import load_run  # noqa: E402
-from app.sweep import run_once  # noqa: E402
+from p2p_emulator.analysis.plots import cluster_similarity  # noqa: E402
+from p2p_emulator.analysis.rundir import load_run  # noqa: E402
+from p2p_emulator.sweep import run_once  # noqa: E402
 
 SETUPS = {  # dataset -> (nodes, seeds, horizons, extra flags)
     "digits": (10, range(5), (20, 40, 100), ["--partition", "mapl:scenario=1"]),

@@ -32,7 +32,7 @@ def flags(protocol: str, nodes: int, rounds: int, model: str) -> list[str]:
 
 
 def child(argv: list[str]) -> dict:
-    from app.cli import main as emulate
+    from p2p_emulator.cli import main as emulate
 
     with tempfile.TemporaryDirectory() as out:
         status = emulate([*argv, "--out", out])
@@ -47,7 +47,7 @@ def peak(argv: list[str]) -> int:
 
 
 def model_bytes(model: str) -> int:
-    from workloads.models import build_model
+    from p2p_emulator.workloads.models import build_model
 
     return sum(p.numel() * p.element_size() for p in build_model(model, (1, 8, 8), 10).parameters())
 

@@ -36,7 +36,7 @@ def main() -> None:
     bare = json.loads(subprocess.run([sys.executable, str(HERE / "bare_dfedavgm.py"), *common], check=True,
                                      capture_output=True, text=True, cwd=HERE.parent, env=env).stdout)
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "app.cli", "--protocol", "dfedavgm", "--topology", "ring",
+        subprocess.run([sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--topology", "ring",
                         "--model", "cnn-small", "--workers", "1", *common, "--quiet", "--no-plots", "--out", out],
                        check=True, cwd=HERE.parent, env=env)
         summary = json.loads((Path(out) / "summary.json").read_text())

@@ -74,12 +74,12 @@ def peak_rss() -> int:
 
 def child(name: str) -> dict:
     """One run in this process; what the parent tabulates."""
-    from app.cli import main as emulate
+    from p2p_emulator.cli import main as emulate
 
     flags, nodes, *_ = RUNS[name]
     if "gossip" not in flags:
         import torch  # noqa: F401  what a learning run loads anyway: not the nodes' memory
-        import workloads.models  # noqa: F401
+        import p2p_emulator.workloads.models  # noqa: F401
     before = _rss()
     with tempfile.TemporaryDirectory() as out:
         status = emulate([*flags, "--quiet", "--out", out])

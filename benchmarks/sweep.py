@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from analysis.rundir import sweep_contents
+from p2p_emulator.analysis.rundir import sweep_contents
 
 MODES = {"jobs1": ["--jobs", "1"], "jobs2": ["--jobs", "2"], "ray": ["--executor", "ray"]}
 
@@ -40,7 +40,7 @@ def sweep(grid: Path, flags: list[str], scratch: Path) -> tuple[float, float, Pa
     scratch.mkdir(parents=True)
     shutil.copy(grid, scratch / "grid.yaml")
     start, cpu = time.perf_counter(), cpu_seconds()
-    subprocess.run([sys.executable, "-m", "app.cli", "sweep", "--grid", "grid.yaml", *flags], cwd=scratch,
+    subprocess.run([sys.executable, "-m", "p2p_emulator.cli", "sweep", "--grid", "grid.yaml", *flags], cwd=scratch,
                    check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     return wall, cpu_seconds() - cpu, scratch / yaml.safe_load(grid.read_text())["out"]

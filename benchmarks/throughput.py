@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from emulator.compute import ThreadExecutor
-from app.run import build_emulation
-from app.settings import RunConfig
+from p2p_emulator.run import build_emulation
+from p2p_emulator.settings import RunConfig
 from emulator.protocol import NoOptions, Protocol
 
 

@@ -73,7 +73,7 @@ class Partition:
 
 @dataclass
 class Scenario:
-    """Every fault and change of a run, checked against its node count (app/scenario.py builds it)."""
+    """Every fault and change of a run, checked against its node count (p2p_emulator/scenario.py builds it)."""
     num_nodes: int
     churn: Churn | None = None
     crash: Crash | None = None

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 import protocols.mapl as mapl
-from analysis.rundir import load_run
-from app.cli import main as emulate
+from p2p_emulator.analysis.rundir import load_run
+from p2p_emulator.cli import main as emulate
 
 ROWS = {  # name -> (classifier rows compared, only the node's own classes)
     "raw": ("raw", False), "held": ("raw", True), "centred": ("centred", False), "held, centred": ("centred", True)}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from emulator.compute import Resident
 from emulator.protocol import register
-from workloads.training import HeavyBall, shift
+from p2p_emulator.workloads.training import HeavyBall, shift
 
 from .common import LearningProtocol, MixingOptions, SGDOptions, check, default
 from .compression import Operator, PublicCopies, difference, on_host

@@ -20,9 +20,9 @@ from emulator.compute import Resident, physical_memory
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
-from workloads.lazy import LazyModule
-from workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options
-from workloads.training import accuracy, flat, float_state, sgd
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options
+from p2p_emulator.workloads.training import accuracy, flat, float_state, sgd
 
 torch = LazyModule("torch")
 

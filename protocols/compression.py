@@ -25,7 +25,7 @@ import numpy as np
 from emulator import wire
 from emulator.errors import UsageError
 from topologies import neighbour_weight
-from workloads.lazy import LazyModule
+from p2p_emulator.workloads.lazy import LazyModule
 
 from .common import DEGREE, Check, expects, like, node_ids
 

@@ -26,7 +26,7 @@ from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
 from topologies import neighbour_weight
-from workloads.training import aggregate, mix
+from p2p_emulator.workloads.training import aggregate, mix
 
 from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, like, own_row
 from .compression import Operator, PublicCopies, copied, difference, on_host

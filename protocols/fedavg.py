@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import load_state, mix
+from p2p_emulator.workloads.training import load_state, mix
 
 from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
                      positive_int, values)

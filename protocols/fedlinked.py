@@ -43,9 +43,9 @@ from rich.table import Table
 from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.lazy import LazyModule
-from workloads.task import WorkloadOptions
-from workloads.training import accuracy, mean_loss, sgd
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.task import WorkloadOptions
+from p2p_emulator.workloads.training import accuracy, mean_loss, sgd
 
 from .common import EVAL_COST, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
 from .fedavg import from_server, star

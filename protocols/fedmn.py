@@ -1,6 +1,6 @@
 """FedMN (Wang et al., "Personalized Federated Learning with Federated Modular Networks"), Algorithm 1.
 
-Every client holds a modular network and a routing hypernetwork (workloads/modular.py).
+Every client holds a modular network and a routing hypernetwork (p2p_emulator/workloads/modular.py).
 Rounds 0..K-1 (--pretrain-rounds K) are FedAvg on the whole network, every connection on
 (the paper pretrains with FedAvg). Each later round t, on a star whose node 0 serves:
   1. the server samples --clients-per-round clients and sends each the hypernetwork;
@@ -31,15 +31,15 @@ from rich.table import Table
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.lazy import LazyModule
-from workloads.training import load_state, mean_loss, sgd
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.training import load_state, mean_loss, sgd
 
 from .common import (EVAL_COST, STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
                      expects, last_rows, like, positive_int, values)
 from .fedavg import FedAvg, FedAvgOptions
 
 torch = LazyModule("torch")
-modular = LazyModule("workloads.modular")  # torch comes with it: not at import, so --help stays light
+modular = LazyModule("p2p_emulator.workloads.modular")  # torch comes with it: not at import, so --help stays light
 
 DECISION = "decision"  # V_m on the wire: E ints, 0 or 1
 SAMPLES = "samples"

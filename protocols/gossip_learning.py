@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.training import mix
+from p2p_emulator.workloads.training import mix
 
 from .common import STATE, LearningProtocol, SGDOptions, like
 

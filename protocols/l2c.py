@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.lazy import LazyModule
-from workloads.training import difference, inner, loss_gradient
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.training import difference, inner, loss_gradient
 
 from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, last_rows, like, node_ids
 

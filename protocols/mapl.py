@@ -27,7 +27,7 @@ it sent (never one: similarity -1, as the authors' code scores non-neighbours).
 
 Where the defaults depart from the paper or the authors' code (--classifier-rows,
 --loss-forms, --similarity, --graph-step, --degree-barrier, --no-sparsify), and the
-CPU-sized defaults: docs/mapl.md. PML (step 1) lives in workloads/prototypes.py.
+CPU-sized defaults: docs/mapl.md. PML (step 1) lives in p2p_emulator/workloads/prototypes.py.
 
 Variants: `mapl+` (one architecture for all nodes) also averages the backbones
 with w_i (the backbone rides on the same message); --mapl-no-cgl is the paper's
@@ -44,16 +44,16 @@ from rich.table import Table
 from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.lazy import LazyModule
-from workloads.training import mix
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.training import mix
 
 from .common import (LearningProtocol, TimeoutOptions, TrainingOptions, check, default, expects, last_rows, like,
                      own_row, positive_int)
 
 torch = LazyModule("torch")
 # PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
-pml = LazyModule("workloads.prototypes")
-augment = LazyModule("workloads.augment")
+pml = LazyModule("p2p_emulator.workloads.prototypes")
+augment = LazyModule("p2p_emulator.workloads.augment")
 LOSS_FORMS = ("code", "paper")  # pml.LOSSES's keys: checking --loss-forms must not load torch
 
 KIND, DROP = "mapl", "drop"

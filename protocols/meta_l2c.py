@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from workloads.lazy import LazyModule
-from workloads.training import difference, mix
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.training import difference, mix
 
 from .common import DEGREE, STATE, degree_weights, like, own_row
 from .l2c import L2C, L2COptions
 
 torch = LazyModule("torch")
-encoders = LazyModule("workloads.encoders")  # an nn.Module: needs torch
+encoders = LazyModule("p2p_emulator.workloads.encoders")  # an nn.Module: needs torch
 
 
 @dataclass

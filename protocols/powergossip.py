@@ -27,8 +27,8 @@ import numpy as np
 from emulator.compute import Resident
 from emulator.protocol import register
 from topologies import neighbour_weight
-from workloads.lazy import LazyModule
-from workloads.training import shift
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.training import shift
 
 from .common import DEGREE, LearningProtocol, MixingOptions, SGDOptions, check, default, expects
 from .compression import on_host

@@ -17,9 +17,9 @@ import networkx as nx
 import pytest
 import pytest_asyncio
 
-from app.run import build_emulation
-from app.settings import RunConfig
-from app.settings import parse_delay, parse_loss
+from p2p_emulator.run import build_emulation
+from p2p_emulator.settings import RunConfig
+from p2p_emulator.settings import parse_delay, parse_loss
 from emulator.clock import VirtualClock
 from emulator.compute import Compute, ComputeModel, ThreadExecutor
 from emulator.emulation import Emulation
@@ -132,7 +132,7 @@ def assert_one_line_error(capsys, named: str) -> str:
 
 def assert_refused(capsys, argv: list[str], named: str, out) -> None:
     """`emulate ARGV --out OUT` exits 2 with one line on stderr naming `named`, and leaves no run directory."""
-    from app.cli import main
+    from p2p_emulator.cli import main
 
     assert main([*argv, "--out", str(out)]) == 2
     assert_one_line_error(capsys, named)

@@ -9,7 +9,7 @@ import torch
 from emulator import wire
 from protocols.common import like
 from tests.conftest import emulate
-from workloads.training import aggregate
+from p2p_emulator.workloads.training import aggregate
 
 BODY = {"x": np.arange(1.0, 4.0), "degree": 2, "tags": ["a"]}
 
@@ -103,9 +103,9 @@ DFEDAVGM = ["--protocol", "dfedavgm", "--dataset", "digits", "--partition", "iid
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_median_holds_where_the_mean_breaks(tmp_path, seed):
-    from analysis.rundir import load_run
-    from analysis.study import honest_acc
-    from app.cli import main
+    from p2p_emulator.analysis.rundir import load_run
+    from p2p_emulator.analysis.study import honest_acc
+    from p2p_emulator.cli import main
 
     accuracy = {}
     for rule in ("mean", "median"):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from app import runners, sweep
-from analysis.plots import plot_run, snapshot_rounds
-from app.cli import main
+from p2p_emulator import runners, sweep
+from p2p_emulator.analysis.plots import plot_run, snapshot_rounds
+from p2p_emulator.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DFEDAVGM = ["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--dataset", "digits",
@@ -245,8 +245,8 @@ def test_ready_made_experiments_are_valid_grids():
 
 
 def test_a_sweeps_round_plot_joins_the_scored_rounds_of_eval_every():
-    from analysis.plots import over_runs
-    from analysis.rundir import Curves
+    from p2p_emulator.analysis.plots import over_runs
+    from p2p_emulator.analysis.rundir import Curves
 
     nan = float("nan")
     scored = [[nan, 0.5, nan, 0.7], [nan, 0.6, nan, 0.8]]  # --eval-every 2: rounds 1 and 3 scored

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torchvision.transforms.v2 import functional as F
 
-from workloads import augment
-from workloads.augment import TwoViews
+from p2p_emulator.workloads import augment
+from p2p_emulator.workloads.augment import TwoViews
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 

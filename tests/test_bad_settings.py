@@ -4,7 +4,7 @@ import gc
 
 import pytest
 
-from app.cli import main
+from p2p_emulator.cli import main
 
 # A refused run leaves nothing behind, not even a warning: an unclosed loop or file fails the test.
 pytestmark = [pytest.mark.filterwarnings("error::ResourceWarning"),

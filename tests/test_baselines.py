@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from emulator.seeds import Seeds
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator.protocol import Environment
-from workloads.datasets import load_dataset
-from workloads.models import build_model, parameter_count
-from workloads.task import Workload, WorkloadOptions
-from workloads.training import float_state
+from p2p_emulator.workloads.datasets import load_dataset
+from p2p_emulator.workloads.models import build_model, parameter_count
+from p2p_emulator.workloads.task import Workload, WorkloadOptions
+from p2p_emulator.workloads.training import float_state
 
 from tests.conftest import assert_one_line_error
 

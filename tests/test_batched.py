@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from app.run import run
+from p2p_emulator.run import run
 from emulator.compute import ThreadExecutor
 from tests.conftest import assert_refused
-from workloads import batched
-from workloads.models import build_model
-from workloads.training import accuracy, flat, float_state, mean_loss, mix, sgd
+from p2p_emulator.workloads import batched
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import accuracy, flat, float_state, mean_loss, mix, sgd
 
 TRAFFIC = ("links.csv", "messages.jsonl")  # per-link bytes and every message's send and arrival times
 QUIET = dict(trace=True, quiet=True, no_plots=True, model="mlp:hidden=32")

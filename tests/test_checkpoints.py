@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app import runners
-from app.cli import main
-from app.run import run
+from p2p_emulator import runners
+from p2p_emulator.cli import main
+from p2p_emulator.run import run
 from emulator.protocol import protocols
 from protocols.dfedavgm import DFedAvgM
 from tests.conftest import assert_one_line_error, assert_refused
@@ -120,7 +120,7 @@ def test_every_k_rounds(every, tmp_path):
 
 
 def _emulate(out: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", *flags, "--out", str(out)], cwd=Path(__file__).parents[1],
+    return subprocess.Popen([sys.executable, "-m", "p2p_emulator.cli", *flags, "--out", str(out)], cwd=Path(__file__).parents[1],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -173,7 +173,7 @@ def test_kill_9_at_a_random_moment_then_resume(uninterrupted, tmp_path, name, se
 
 
 def _checkpoint_round(path: Path) -> int:
-    from app import checkpoints
+    from p2p_emulator import checkpoints
 
     try:
         import msgpack

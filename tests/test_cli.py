@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from analysis.rundir import LINK_COLUMNS
-from app.cli import main
+from p2p_emulator.analysis.rundir import LINK_COLUMNS
+from p2p_emulator.cli import main
 from emulator.ledger import LINK_COUNTERS
 from emulator.protocol import protocols
 from tests.conftest import assert_one_line_error
@@ -124,7 +124,7 @@ def test_bad_input_exits_2_with_one_line(args, named, tmp_path, capsys):
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "app.cli", "--protocol", "gossip", "--latency", "fast", "--out", str(tmp_path / "r")]
+    cmd = [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "gossip", "--latency", "fast", "--out", str(tmp_path / "r")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "emulate: error: --latency: unknown latency model 'fast' (use a duration, uniform, normal or lognormal)"

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator import wire
 from emulator.errors import UsageError
 from protocols.compression import Operator, PublicCopies, index_type
 from tests.conftest import assert_refused
-from workloads.models import build_model
-from workloads.training import float_state
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
 
 RING = ["--dataset", "digits", "--topology", "ring", "--quiet", "--no-plots"]
 

@@ -5,8 +5,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from app.cli import main
-from app.settings import parse_corrupt
+from p2p_emulator.cli import main
+from p2p_emulator.settings import parse_corrupt
 from emulator import wire
 from emulator.units import UnitError
 from tests.conftest import emulate

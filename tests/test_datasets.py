@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from workloads import datasets
-from workloads.datasets import DATASETS, DatasetError, load_dataset, normalise
+from p2p_emulator.workloads import datasets
+from p2p_emulator.workloads.datasets import DATASETS, DatasetError, load_dataset, normalise
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 

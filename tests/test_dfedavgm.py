@@ -4,14 +4,14 @@ import json
 import pytest
 import torch
 
-from app.cli import main
-from app.run import execute
-from app.settings import RunConfig
+from p2p_emulator.cli import main
+from p2p_emulator.run import execute
+from p2p_emulator.settings import RunConfig
 from emulator import wire
 from protocols.dfedavgm import DFedAvgM, DFedAvgMOptions
-from workloads.datasets import load_dataset
-from workloads.models import build_model
-from workloads.training import float_state
+from p2p_emulator.workloads.datasets import load_dataset
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
 
 RING8 = ["--topology", "ring", "--nodes", "8", "--dataset", "digits", "--partition", "iid",
          "--quiet", "--no-plots"]

@@ -4,7 +4,7 @@
   under GitHub's slug rules; a page under docs/ links only inside docs/ (the site is built
   from docs/ alone). External http(s) links are not checked.
 - Every `emulate ...` line in a bash/sh/shell/console/untyped code block parses with the
-  real parsers: `app.cli.resolve` for runs, `analysis.report.parse` for `emulate report`,
+  real parsers: `p2p_emulator.cli.resolve` for runs, `p2p_emulator.analysis.report.parse` for `emulate report`,
   and for `emulate sweep` what `emulate sweep` checks before its first run (the grid file
   and every run's settings). A command meant to fail says so where the reader sees it:
   either the line before it is a comment `# fails: WHY`, or the next line is the error it
@@ -34,11 +34,11 @@ from urllib.parse import unquote
 
 import pytest
 
-from analysis.output import ArgumentsError
-from analysis.report import parse as parse_report
-from app import cli
-from app.sweep import GridError, check_settings, load_grid, points
-from app.sweep import parse as parse_sweep
+from p2p_emulator.analysis.output import ArgumentsError
+from p2p_emulator.analysis.report import parse as parse_report
+from p2p_emulator import cli
+from p2p_emulator.sweep import GridError, check_settings, load_grid, points
+from p2p_emulator.sweep import parse as parse_sweep
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator.units import UnitError

@@ -10,9 +10,9 @@ import pytest
 
 import topologies
 from emulator.compute import ThreadExecutor
-from app.cli import main
-from app.run import build_emulation
-from app.settings import RunConfig
+from p2p_emulator.cli import main
+from p2p_emulator.run import build_emulation
+from p2p_emulator.settings import RunConfig
 from emulator.network import NotNeighbourError
 from emulator.seeds import Seeds
 from protocols.gossip import Gossip, GossipOptions

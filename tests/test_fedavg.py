@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-from app.cli import main
+from p2p_emulator.cli import main
 from protocols.fedavg import average
 from tests.conftest import assert_one_line_error
-from workloads.models import build_model
-from workloads.training import float_state
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
 
 DIGITS = ["--protocol", "fedavg", "--dataset", "digits", "--model", "mlp:hidden=64", "--normalize", "max",
           "--lr", "0.5", "--quiet", "--no-plots"]

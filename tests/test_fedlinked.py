@@ -8,11 +8,11 @@ import pytest
 from scipy.optimize import NonlinearConstraint, minimize
 from scipy.stats import ortho_group
 
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator import wire
 from protocols.fedlinked import REPS, TARGET, WEIGHT, procrustes, raw, regulariser, standardise, utility_column
 from tests.conftest import assert_one_line_error
-from workloads.partitions import make_partition
+from p2p_emulator.workloads.partitions import make_partition
 
 SMALL = ["--dataset", "digits", "--model", "cnn-small:channels=8,16", "--d-z", "16", "--init-epochs", "8",
          "--local-epochs", "2", "--dist-epochs", "2", "--quiet", "--no-plots"]

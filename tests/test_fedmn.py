@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator import wire
 from protocols.fedmn import average_modules, routed_sgd
 from tests.conftest import assert_one_line_error
-from workloads.modular import active_modules, binary_concrete, build_modular, connections
-from workloads.partitions import make_partition
-from workloads.training import float_state
+from p2p_emulator.workloads.modular import active_modules, binary_concrete, build_modular, connections
+from p2p_emulator.workloads.partitions import make_partition
+from p2p_emulator.workloads.training import float_state
 
 SMALL = ["--dataset", "digits", "--model", "cnn-small:channels=8,16", "--d-z", "32", "--momentum", "0.9",
          "--quiet", "--no-plots"]

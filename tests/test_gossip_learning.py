@@ -5,10 +5,10 @@ from collections import Counter
 import pytest
 
 from emulator import wire
-from app.cli import main
+from p2p_emulator.cli import main
 from tests.conftest import assert_one_line_error
-from workloads.models import build_model
-from workloads.training import float_state
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
 
 N = 16
 RING16 = ["--topology", "ring", "--nodes", str(N), "--dataset", "digits", "--partition", "iid",

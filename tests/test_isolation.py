@@ -10,8 +10,8 @@ import torch
 from rich.console import Console
 
 from emulator.compute import ThreadExecutor
-from app.run import build_emulation, build_topology
-from app.settings import resolve
+from p2p_emulator.run import build_emulation, build_topology
+from p2p_emulator.settings import resolve
 from emulator.emulation import Emulation
 from emulator.node import Node
 from emulator.protocol import Environment, protocols

@@ -7,13 +7,13 @@ from collections import defaultdict
 import pytest
 import torch
 
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator.errors import UsageError
 from protocols.l2c import MixingLogits, backpropagate, hypergradient, prune_count
 from protocols.meta_l2c import Attention, encoded
-from workloads.encoders import Encoder
-from workloads.models import build_model
-from workloads.training import float_state
+from p2p_emulator.workloads.encoders import Encoder
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
 
 SMALL_MODEL = ["--d-z", "32"]
 

@@ -5,11 +5,11 @@ import random
 import networkx as nx
 import pytest
 
-from app.settings import RunConfig
-from app.settings import parse_delay, parse_loss
+from p2p_emulator.settings import RunConfig
+from p2p_emulator.settings import parse_delay, parse_loss
 from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec
 from emulator.seeds import Seeds
-from app.run import build_topology
+from p2p_emulator.run import build_topology
 from emulator.units import UnitError
 from tests.conftest import emulate
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from emulator import wire
-from app.cli import main
+from p2p_emulator.cli import main
 from protocols.mapl import CollaborationRow, MapLOptions, dissimilarity, learn_row, project_simplex
 
 K = 10  # digits

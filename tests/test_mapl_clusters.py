@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from analysis.plots import cluster_similarity, plot_run
-from app.cli import main
+from p2p_emulator.analysis.plots import cluster_similarity, plot_run
+from p2p_emulator.cli import main
 from protocols.mapl import classifier_similarity
 from tests.conftest import assert_one_line_error
 

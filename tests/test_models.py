@@ -8,8 +8,8 @@ from torch import nn
 from torchvision.models.mobilenetv2 import InvertedResidual
 from torchvision.models.resnet import BasicBlock
 
-from workloads.model_specs import HETERO_ARCHS, HETERO_SMALL_ARCHS, MODELS, ModelError, assigned_arch
-from workloads.models import _num_groups, build_model, parameter_count
+from p2p_emulator.workloads.model_specs import HETERO_ARCHS, HETERO_SMALL_ARCHS, MODELS, ModelError, assigned_arch
+from p2p_emulator.workloads.models import _num_groups, build_model, parameter_count
 
 SHAPES = [(1, 8, 8), (1, 28, 28), (3, 32, 32)]
 SMALL = dict(d_z=64, d_p=32, hidden=128)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from p2p_emulator.cli import main
 from emulator.protocol import protocols
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_the_protocol_list_is_two_aligned_columns(capsys):
 
 def _refuse(args: list[str], cwd: Path) -> tuple[int, str, bool]:
     """Exit code, stderr, and whether torch was imported, of `emulate ARGS` in a fresh interpreter."""
-    code = ("import sys; from app.cli import main; code = main(sys.argv[1:]); "
+    code = ("import sys; from p2p_emulator.cli import main; code = main(sys.argv[1:]); "
             "print('torch' in sys.modules); sys.exit(code)")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "default"}
     done = subprocess.run([sys.executable, "-c", code, *args, "--out", "run"], capture_output=True, text=True,
@@ -65,7 +65,7 @@ def test_mapl_checks_its_flags_without_loading_torch(tmp_path):
     code, err, torch_loaded = _refuse(["--protocol", "mapl", "--loss-forms", "mine"], tmp_path)
     assert (code, err, torch_loaded) == (2, "emulate: error: --loss-forms 'mine': choose code or paper\n", False)
     from protocols.mapl import LOSS_FORMS
-    from workloads.prototypes import LOSSES
+    from p2p_emulator.workloads.prototypes import LOSSES
 
     assert LOSS_FORMS == tuple(LOSSES)  # the flag's choices are the losses that exist
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from analysis.rundir import load_run, read_jsonl
-from app.cli import main
-from app.run import execute
-from app.settings import resolve
+from p2p_emulator.analysis.rundir import load_run, read_jsonl
+from p2p_emulator.cli import main
+from p2p_emulator.run import execute
+from p2p_emulator.settings import resolve
 from emulator.protocol import NoOptions, Protocol, protocols
 from tests.conftest import assert_one_line_error
 
@@ -53,7 +53,7 @@ def test_out_paths_that_cannot_be_a_directory_are_one_line_errors(tmp_path, caps
 # tests run as a background job or under nohup: there SIGINT is ignored, the child inherits that, and Python
 # installs its KeyboardInterrupt handler only where SIGINT's disposition is the default at start-up.
 _MAIN = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-         "from app.cli import main; sys.exit(main(sys.argv[1:]))")
+         "from p2p_emulator.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def _start(flags: list[str]) -> subprocess.Popen:
@@ -64,7 +64,7 @@ class _Forked:
     """A run of the CLI's main in a process forked from a server that imported the emulator once: 0.15 s to
     the run's first file instead of 0.7 s for a fresh interpreter, which the 20 kills below pay each."""
     _context = multiprocessing.get_context("forkserver")
-    _context.set_forkserver_preload(["app.cli", "app.run"])
+    _context.set_forkserver_preload(["p2p_emulator.cli", "p2p_emulator.run"])
 
     def __init__(self, flags: list):
         self.process = self._context.Process(target=main, args=([*map(str, flags)],), daemon=True)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.rundir import sweep_contents
-from app import settings as cfg
-from app.cli import main
-from app.runners import InProcess, Resources, WorkerProcesses
-from app.sweep import load_grid, make_runner
+from p2p_emulator.analysis.rundir import sweep_contents
+from p2p_emulator import settings as cfg
+from p2p_emulator.cli import main
+from p2p_emulator.runners import InProcess, Resources, WorkerProcesses
+from p2p_emulator.sweep import load_grid, make_runner
 
 # Two protocols, one with churn (nodes go down and come back), two seeds: 4 runs of a few seconds.
 GRID = {
@@ -136,7 +136,7 @@ LONG = {**GRID, "base": {**GRID["base"], "protocol": "dfedavgm", "rounds": 400},
 
 
 def _sweep_process(where: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "sweep", "--grid", "grid.yaml", "--jobs", "2"],
+    return subprocess.Popen([sys.executable, "-m", "p2p_emulator.cli", "sweep", "--grid", "grid.yaml", "--jobs", "2"],
                             cwd=where, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

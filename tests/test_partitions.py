@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from workloads.partitions import PARTITIONS, PartitionError, make_partition
+from p2p_emulator.workloads.partitions import PARTITIONS, PartitionError, make_partition
 
 # FashionMNIST-sized labels: 6000 train and 1000 test images per class.
 TRAIN_Y = np.repeat(np.arange(10), 6000)

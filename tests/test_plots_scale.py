@@ -6,8 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from analysis import plots
-from analysis.rundir import load_run, write_run_dir
+from p2p_emulator.analysis import plots
+from p2p_emulator.analysis.rundir import load_run, write_run_dir
 
 ROUNDS = 4
 

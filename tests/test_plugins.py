@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-EMULATE = [sys.executable, "-m", "app.cli"]
+EMULATE = [sys.executable, "-m", "p2p_emulator.cli"]
 
 
 def _install(package: str, target: Path) -> Path:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from p2p_emulator.cli import main
 
 
 def estimates(tmp_path, *flags) -> dict[int, list[float]]:

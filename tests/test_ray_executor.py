@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from app.cli import main
-from app.run import run
+from p2p_emulator.cli import main
+from p2p_emulator.run import run
 from tests.conftest import assert_one_line_error
 
 # Under xdist the module runs on one worker: its runs join the module's one local Ray (the bad flags that reach
@@ -109,7 +109,7 @@ def _node_workers(pid: int) -> list[int]:
 def test_a_killed_worker_ends_the_run_in_one_line_and_keeps_the_closed_rounds(tmp_path):
     out = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8",
+        [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8",
          "--rounds", "100000", "--model", "mlp:hidden=32", "--executor", "ray", "--ray-workers", "2", "--quiet",
          "--no-plots", "--out", str(out)], stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
     try:

@@ -9,8 +9,8 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from analysis.rundir import final_metrics
-from app.cli import main
+from p2p_emulator.analysis.rundir import final_metrics
+from p2p_emulator.cli import main
 from emulator import wire
 from emulator.protocol import Environment, protocols
 from emulator.seeds import Seeds
@@ -127,7 +127,7 @@ HEAVY = ("torch", "torchvision", "matplotlib")
                                   ["--protocol", "gossip", "--nodes", "8", "--rounds", "2", "--quiet", "--no-plots"]])
 def test_help_listing_and_gossip_import_no_torch_or_matplotlib(tmp_path, argv):
     argv = [*argv, "--out", str(tmp_path)] if "--nodes" in argv else argv
-    script = ("import sys, contextlib, io\nfrom app.cli import main\n"
+    script = ("import sys, contextlib, io\nfrom p2p_emulator.cli import main\n"
               f"with contextlib.redirect_stdout(io.StringIO()):\n    status = main({argv!r})\n"
               f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))")
     printed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
@@ -146,7 +146,7 @@ def test_a_learning_run_imports_only_what_it_uses_and_before_its_nodes_start(tmp
     argv = ["--protocol", protocol, "--dataset", "digits", "--nodes", "4", "--rounds", str(rounds), "--model", model,
             "--quiet", "--out", str(tmp_path), *(["--no-plots"] if rounds else [])]
     modules = (*HEAVY, "torch._dynamo")
-    script = ("import sys\nfrom emulator.emulation import Emulation\nfrom app.cli import main\nrun = Emulation.run\n"
+    script = ("import sys\nfrom emulator.emulation import Emulation\nfrom p2p_emulator.cli import main\nrun = Emulation.run\n"
               "def watched(self):\n"
               f"    print('at start', sorted(m for m in {modules!r} if m in sys.modules))\n"
               "    return run(self)\n"

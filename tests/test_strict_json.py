@@ -3,7 +3,7 @@ import json
 import math
 from pathlib import Path
 
-from analysis.rundir import RunDirWriter, load_run
+from p2p_emulator.analysis.rundir import RunDirWriter, load_run
 
 
 def strict(text: str):

@@ -24,14 +24,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.rundir import rounds_closed
+from p2p_emulator.analysis.rundir import rounds_closed
 from emulator import cluster
 
 from . import cli
 from . import settings as cfg
 
 # What a run imports on first use (5 s on 2 cores): imported once before the workers fork, not once per worker.
-PRELOAD = ("torch", "workloads.models", "sklearn.datasets")
+PRELOAD = ("torch", "p2p_emulator.workloads.models", "sklearn.datasets")
 INTERRUPTED = (130, 143)  # Ctrl-C or SIGTERM ended the run
 STOP_GRACE = 60.0  # seconds a run has to write its last rounds after SIGTERM
 

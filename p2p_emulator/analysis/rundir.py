@@ -1,4 +1,4 @@
-"""The run directory: its files and columns, written by app.run and read by analysis.
+"""The run directory: its files and columns, written by p2p_emulator.run and read by analysis.
 
 A run writes its directory as it goes with `RunDirWriter` (summary.json last:
 without it a run directory is incomplete); `final_metrics` is the one definition

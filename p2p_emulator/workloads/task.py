@@ -11,7 +11,7 @@ from .lazy import LazyModule
 from .partitions import PartitionError, make_partition, parse_partition
 
 torch = LazyModule("torch")
-models = LazyModule("workloads.models")
+models = LazyModule("p2p_emulator.workloads.models")
 
 INITS = ("common", "independent")
 TEST_SETS = ("auto", "global", "local")

@@ -1,6 +1,6 @@
 """A run as the user sees it: settings in; network, clock and nodes built; run directory, plots and tables out.
 
-    from app.run import run
+    from p2p_emulator.run import run
     result = run(protocol="gossip", topology="ring", nodes=16, rounds=30)
     result.out_dir, result.summary["final"], pandas.DataFrame(result.metrics)
 
@@ -24,7 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 import topologies
-from analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
+from p2p_emulator.analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
 from emulator.adversaries import Adversaries
 from emulator.clock import RealClock, VirtualClock
@@ -146,7 +146,7 @@ def make_executor(config: cfg.RunConfig):
         return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
                            cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
     if config.executor == "batched":
-        from workloads.batched import BATCHERS, SHORTCUTS
+        from p2p_emulator.workloads.batched import BATCHERS, SHORTCUTS
 
         return BatchedExecutor(cfg.workers(config), BATCHERS, SHORTCUTS)
     return ThreadExecutor(cfg.workers(config))
@@ -221,7 +221,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
-        from analysis.plots import plot_run
+        from p2p_emulator.analysis.plots import plot_run
 
         plot_run(out_dir)
     if not config.quiet:

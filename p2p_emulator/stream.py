@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
+from p2p_emulator.analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 from emulator.emulation import Emulation
 from emulator.ledger import RoundCounts
 

@@ -28,7 +28,7 @@ from . import __version__
 from . import settings as cfg
 from .run import LateFailure, execute, out_dir
 
-SUBCOMMANDS = {"report": "analysis.report", "sweep": "app.sweep"}
+SUBCOMMANDS = {"report": "p2p_emulator.analysis.report", "sweep": "p2p_emulator.sweep"}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -481,7 +481,7 @@ def overlay_plots(runs: list[Run], out: Path) -> list[Path]:
     return [_save(fig, out / name) for name, fig in overlay_figures(runs)]
 
 
-# -- a study's figures (emulate sweep: analysis/study.py) ----------------------------------------------
+# -- a study's figures (emulate sweep: p2p_emulator/analysis/study.py) ----------------------------------------------
 
 
 def over_runs(curves: list[Curves]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

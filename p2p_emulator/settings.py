@@ -3,7 +3,7 @@
 `resolve` turns a mapping of settings (config file and flags, or `run(**settings)`)
 into a checked RunConfig and the protocol's options; the parsers here turn their
 strings into the objects the emulator is built from (latency and loss models,
-per-node capacities and slowdowns, the compute model). Nothing below app/ parses
+per-node capacities and slowdowns, the compute model). Nothing below p2p_emulator/ parses
 a setting.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ The grid file (YAML):
     jobs: 2                      # runs at once, each in a worker process (auto: cores / CPUs per run); default 1
     executor: local              # or ray: each run a Ray task (--ray-address joins a cluster)
     resources: {cpus: 1, gpus: 0, memory: 4GB}  # one run's share: its cores; on Ray also what it reserves
-    table:                       # the tables and plots: see analysis/study.py
+    table:                       # the tables and plots: see p2p_emulator/analysis/study.py
       rows: method
       columns: partition
       metric: [test_acc, bytes_per_round]
@@ -31,7 +31,7 @@ OUT/<axis>=<label>__<axis>=<label>...; a directory that already holds a finished
 run (a valid summary.json) is skipped, so an interrupted sweep resumes where it
 stopped. At the end the tables (mean ± std over the remaining axes, the seeds:
 sample std), the plots and OUT/runs.md, the per-run comparison of `emulate
-report`, are written from the run directories (analysis/study.py). The flags --jobs, --executor,
+report`, are written from the run directories (p2p_emulator/analysis/study.py). The flags --jobs, --executor,
 --cpus-per-run, --gpus-per-run and --memory-per-run override the file. A run
 that fails is kept in OUT/failed.csv and the others go on (exit status 1);
 SIGINT or SIGTERM ends the running runs, and the same command resumes.
@@ -51,9 +51,9 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from analysis.output import ArgumentsError, Parser, fail, stdout_console
-from analysis.rundir import RunDirError, is_finished, load_run, read_summary
-from analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
+from p2p_emulator.analysis.output import ArgumentsError, Parser, fail, stdout_console
+from p2p_emulator.analysis.rundir import RunDirError, is_finished, load_run, read_summary
+from p2p_emulator.analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator import units
@@ -355,7 +355,7 @@ def axis_labels(axes: dict[str, list[Entry]]) -> dict[str, list[str]]:
 
 def parse(argv: list[str]):
     parser = Parser(prog=PROG, description="Run the cross product of a grid of settings, then tabulate.")
-    parser.add_argument("--grid", required=True, help="YAML grid file (see app/sweep.py)")
+    parser.add_argument("--grid", required=True, help="YAML grid file (see p2p_emulator/sweep.py)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; run nothing")
     parser.add_argument("--jobs", help="runs at once, each in a process of its own (auto: cores / CPUs per run; "
                                        "default: the grid's jobs, else 1)")

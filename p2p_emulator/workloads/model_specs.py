@@ -1,7 +1,7 @@
 """Model specs as the user writes them (`mlp:hidden=64,64`, `hetero-small`), read without torch.
 
 Settings are checked against these before any dataset or model is loaded; the models
-themselves are built in `workloads.models`.
+themselves are built in `p2p_emulator.workloads.models`.
 """
 from __future__ import annotations
 
