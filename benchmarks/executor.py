@@ -99,7 +99,7 @@ def seconds_per_sample(model: str, steps: int = 6, batch: int = 32) -> float:
 
 
 def overheads(jobs: int) -> dict[str, tuple[float, float]]:
-    from emulator.cluster import RayExecutor
+    from emulator.ray_executor import RayExecutor
 
     with ThreadExecutor(2) as threads:
         thread = job_overhead(threads, jobs)

@@ -38,7 +38,7 @@ class NoOptions:
 
 
 @dataclass
-class Environment:
+class RunInfo:
     """What a protocol may know about the run when it sets itself up (read-only during the run)."""
     num_nodes: int
     rounds: int
@@ -57,10 +57,10 @@ class Protocol:
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     # Whether each node keeps what it carries between rounds in node.carry(...) (then --checkpoint-every works).
-    checkpoints: ClassVar[bool] = False
+    checkpointable: ClassVar[bool] = False
 
-    def __init__(self, options: Any, env: Environment):
-        self.options, self.env = options, env
+    def __init__(self, options: Any, run_info: RunInfo):
+        self.options, self.run_info = options, run_info
 
     async def run(self, node: "Node") -> None:
         raise NotImplementedError

@@ -20,12 +20,12 @@ NAME = "checkpoint"
 MAGIC = b"p2p-emulator checkpoint 1\n"
 
 
-def write(path: Path, digest: str, config_hash: str, rnd: int, state: dict, tensors: dict) -> None:
-    """digest: of the settings as config.yaml holds them (what resume checks); config_hash: summary.json's
-    (what a sweep compares with its point's settings)."""
+def write(path: Path, config_yaml_hash: str, config_hash: str, rnd: int, state: dict, tensors: dict) -> None:
+    """config_yaml_hash: of the settings as config.yaml holds them (what resume checks); config_hash:
+    summary.json's (what a sweep compares with its point's settings)."""
     from safetensors.torch import save
 
-    payload = msgpack.packb({"digest": digest, "config_hash": config_hash, "round": rnd, "state": state,
+    payload = msgpack.packb({"digest": config_yaml_hash, "config_hash": config_hash, "round": rnd, "state": state,
                              "tensors": save(tensors)}, use_bin_type=True)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as fh:
@@ -36,13 +36,13 @@ def write(path: Path, digest: str, config_hash: str, rnd: int, state: dict, tens
     os.replace(partial, path)
 
 
-def read(path: Path, digest: str) -> dict:
-    """A checkpoint that is whole and belongs to settings with `digest`: its round, config_hash, state and
-    tensors; a UsageError naming the problem otherwise."""
+def read(path: Path, config_yaml_hash: str) -> dict:
+    """A checkpoint that is whole and belongs to settings whose config.yaml hashes to `config_yaml_hash`: its
+    round, config_hash, state and tensors; a UsageError naming the problem otherwise."""
     from safetensors.torch import load
 
     saved = _whole(path)
-    if saved["digest"] != digest:
+    if saved["digest"] != config_yaml_hash:
         raise UsageError(f"{path}: was written for other settings than {path.parent / 'config.yaml'} "
                          "(changed since, or a checkpoint of another run)")
     return {**saved, "tensors": load(saved["tensors"])}

@@ -34,7 +34,7 @@ from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.ledger import Ledger
 from emulator.network import Network
-from emulator.protocol import Environment, Protocol, protocols
+from emulator.protocol import RunInfo, Protocol, protocols
 from emulator.seeds import Seeds
 
 from . import __version__, checkpoints
@@ -141,7 +141,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
 def make_executor(config: cfg.RunConfig):
     """Where the nodes' jobs run: threads here, or Ray workers (started or joined here)."""
     if config.executor == "ray":
-        from emulator.cluster import RayExecutor
+        from emulator.ray_executor import RayExecutor
 
         return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
                            cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
@@ -160,17 +160,17 @@ def _adversaries(config: cfg.RunConfig, n: int, seeds: Seeds) -> Adversaries | N
 def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path, resume: bool = False) -> RunResult:
     """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint."""
     console = Console(stderr=True, quiet=config.quiet)
-    digest = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
-    if config.checkpoint_every and not protocol_cls.checkpoints:
+    config_hash = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
+    if config.checkpoint_every and not protocol_cls.checkpointable:
         raise UsageError(f"--checkpoint-every {config.checkpoint_every}: protocol {config.protocol} does not declare "
                          "what its nodes carry between rounds yet, so it cannot be checkpointed")
     graph, schedule = build_topology(config)
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
-    written = cfg.config_hash(config, options)  # of the settings as config.yaml holds them: what resume checks
-    saved = checkpoints.read(out_dir / checkpoints.NAME, written) if resume else None
+    config_yaml_hash = cfg.config_hash(config, options)  # of the settings as config.yaml holds them: resume checks it
+    saved = checkpoints.read(out_dir / checkpoints.NAME, config_yaml_hash) if resume else None
     if saved is not None:
-        digest = saved["config_hash"]  # the run's, from before config.yaml had its node count filled in
+        config_hash = saved["config_hash"]  # the run's, from before config.yaml had its node count filled in
     existed = out_dir.exists()
     if not resume:
         prepare_out_dir(out_dir, config.overwrite)
@@ -182,16 +182,16 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
     def save(rnd: int, state: dict, tensors: dict) -> None:
-        checkpoints.write(out_dir / checkpoints.NAME, written, digest, rnd, {**state, "stream": stream.position()},
+        checkpoints.write(out_dir / checkpoints.NAME, config_yaml_hash, config_hash, rnd, {**state, "stream": stream.position()},
                           tensors)
 
     with writer, contextlib.ExitStack() as resources:
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             if not resume:
                 writer.config({**asdict(config), **asdict(options)})
-            env = Environment(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
-                              state_in_process=config.executor != "ray")
-            protocol = protocol_cls(options, env)
+            run_info = RunInfo(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
+                               state_in_process=config.executor != "ray")
+            protocol = protocol_cls(options, run_info)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None
             if config.checkpoint_every:
@@ -211,12 +211,12 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         try:
             with progress:
                 rows = emulation.run()
-        except BaseException:  # a signal or a failure: the closed rounds are on disk; bring the snapshots up to now
-            stream.snapshot()
+        except BaseException:  # a signal or a failure: the closed rounds are on disk; bring links.csv and availability.jsonl up to now
+            stream.replace_tables()
             raise
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
-        summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": digest,
+        summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": config_hash,
                    **_checkpoint_summary(config, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)

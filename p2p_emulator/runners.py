@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p2p_emulator.analysis.rundir import rounds_closed
-from emulator import cluster
+from emulator import ray_executor
 
 from . import cli
 from . import settings as cfg
@@ -239,12 +239,12 @@ class RayTasks:
     """
 
     def __init__(self, address: str, resources: Resources, jobs: int):
-        self.ray = cluster.import_ray()
+        self.ray = ray_executor.import_ray()
         from ray.util.queue import Queue
 
         self.started = not self.ray.is_initialized()
         if self.started:
-            cluster.connect(self.ray, address)
+            ray_executor.connect(self.ray, address)
         self.slots = jobs or 1_000_000
         cpus = resources.cpus or 1.0
         self.cores = max(1, int(cpus))
@@ -267,7 +267,7 @@ class RayTasks:
             try:
                 status, error, packed = self.ray.get(ref)
             except self.ray.exceptions.RayError as exc:  # the worker or its node died
-                status, error, packed = 1, f"Ray task failed: {cluster.first_line(exc)}", b""
+                status, error, packed = 1, f"Ray task failed: {ray_executor.first_line(exc)}", b""
             if packed:
                 _unpack(packed, job.out)
             outcomes.append(Outcome(job.name, status, error))

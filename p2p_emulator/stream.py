@@ -3,7 +3,7 @@
 At every round close: that round's metric rows, the protocol's new stream rows
 (graph.jsonl, ...) and the trace rows whose fate is known are appended;
 links.csv and availability.jsonl are replaced whole, at most every
-SNAPSHOT_SECONDS of wall time and at most 1/SNAPSHOT_SHARE of it (400,000 links
+REPLACE_SECONDS of wall time and at most 1/REPLACE_SHARE of it (400,000 links
 take a second to write). When the run ends, messages.jsonl is replaced by its final version, and so is
 metrics.jsonl if a closed round's rows changed since they were written (a
 message tagged with a round can still arrive, or turn out corrupt, after that
@@ -19,8 +19,8 @@ from p2p_emulator.analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 from emulator.emulation import Emulation
 from emulator.ledger import RoundCounts
 
-SNAPSHOT_SECONDS = 2.0
-SNAPSHOT_SHARE = 50
+REPLACE_SECONDS = 2.0
+REPLACE_SHARE = 50
 
 
 class RunStream:
@@ -31,24 +31,24 @@ class RunStream:
         self._metric_rows = 0  # metrics.jsonl rows on disk
         self._written_counts: dict[int, RoundCounts] = {}  # a closed round's ledger counts when its rows were written
         self._resumed = False
-        self._next_snapshot = time.perf_counter() + SNAPSHOT_SECONDS
+        self._next_replace = time.perf_counter() + REPLACE_SECONDS
 
     def round_closed(self, rnd: int) -> None:
         self._metric_rows += self.writer.append("metrics.jsonl", self.emulation.recorder.round_rows(rnd))
         self._written_counts[rnd] = self.emulation.ledger.counts(rnd).copy()
         self._append_streams()
         self._append_trace()
-        if time.perf_counter() >= self._next_snapshot:
-            self.snapshot()
+        if time.perf_counter() >= self._next_replace:
+            self.replace_tables()
 
-    def snapshot(self) -> None:
+    def replace_tables(self) -> None:
         """links.csv and availability.jsonl as they stand now, each replaced whole."""
         emulation, start = self.emulation, time.perf_counter()
         self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_table(), by_name=False))
         if emulation.availability is not None:
             self.writer.jsonl("availability.jsonl", emulation.availability.rows())
         end = time.perf_counter()
-        self._next_snapshot = end + max(SNAPSHOT_SECONDS, SNAPSHOT_SHARE * (end - start))
+        self._next_replace = end + max(REPLACE_SECONDS, REPLACE_SHARE * (end - start))
 
     def position(self) -> dict:
         """How many rows of each streamed file are on disk (and the writer's null counts): a checkpoint keeps it."""
@@ -74,7 +74,7 @@ class RunStream:
         self._append_streams()
         if self.emulation.ledger.trace is not None:
             self.writer.jsonl("messages.jsonl", self.emulation.ledger.trace_rows())
-        self.snapshot()
+        self.replace_tables()
         self.writer.finish(summary)
 
     def _rows_written_are_final(self) -> bool:

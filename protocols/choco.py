@@ -57,7 +57,7 @@ class Choco(LearningProtocol):
     """CHOCO-SGD: momentum SGD, then gossip of compressed differences to the public copies x̂."""
     Options = ChocoOptions
     averages_models = True
-    checkpoints = True
+    checkpointable = True
     # x, its momentum, x̂_i, an x̂_j per neighbour, the snapshot, frames in flight: 11.1 to 11.4 measured on a
     # 4-regular graph (./dev bench memory, docs/compression.md)
     state_copies = 12.0

@@ -21,7 +21,8 @@ from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
 from p2p_emulator.workloads.lazy import LazyModule
-from p2p_emulator.workloads.task import NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options
+from p2p_emulator.workloads.task import (NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options,
+                                        option_help)
 from p2p_emulator.workloads.training import accuracy, flat, float_state, sgd
 
 torch = LazyModule("torch")
@@ -30,10 +31,6 @@ EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per s
 
 STATE = "state"  # a model's (or encoder's) floating-point tensors
 DEGREE = "degree"  # the sender's (in-)degree: the receiver's w_ij needs it
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
 
 
 def default(options: type, name: str, value):
@@ -58,10 +55,10 @@ class CheckedOptions:
 @dataclass
 class TrainingOptions(WorkloadOptions, CheckedOptions):
     """Local training: epochs of minibatches with a learning rate and weight decay."""
-    local_epochs: int = field(default=1, metadata=_help("local epochs per round"))
-    lr: float = field(default=0.05, metadata=_help("learning rate"))
-    weight_decay: float = field(default=5e-4, metadata=_help("weight decay"))
-    batch_size: int = field(default=32, metadata=_help("local batch size"))
+    local_epochs: int = field(default=1, metadata=option_help("local epochs per round"))
+    lr: float = field(default=0.05, metadata=option_help("learning rate"))
+    weight_decay: float = field(default=5e-4, metadata=option_help("weight decay"))
+    batch_size: int = field(default=32, metadata=option_help("local batch size"))
 
     def validate(self):
         super().validate()
@@ -78,8 +75,8 @@ class TrainingOptions(WorkloadOptions, CheckedOptions):
 @dataclass
 class SGDOptions(TrainingOptions):
     """Local SGD as LearningProtocol.train runs it: also a step budget and heavy-ball momentum."""
-    local_steps: int = field(default=0, metadata=_help("local SGD steps per round (0: use --local-epochs)"))
-    momentum: float = field(default=0.9, metadata=_help("heavy-ball momentum"))
+    local_steps: int = field(default=0, metadata=option_help("local SGD steps per round (0: use --local-epochs)"))
+    momentum: float = field(default=0.9, metadata=option_help("heavy-ball momentum"))
 
     def validate(self):
         super().validate()
@@ -89,7 +86,7 @@ class SGDOptions(TrainingOptions):
 
 @dataclass
 class TimeoutOptions(CheckedOptions):
-    timeout: float = field(default=60.0, metadata=_help("emulated seconds to wait for neighbours' messages"))
+    timeout: float = field(default=60.0, metadata=option_help("emulated seconds to wait for neighbours' messages"))
 
     def validate(self):
         super().validate()
@@ -99,7 +96,7 @@ class TimeoutOptions(CheckedOptions):
 @dataclass
 class MixingOptions(TimeoutOptions):
     """Averaging with the neighbours heard from before the timeout, with weights from the degrees."""
-    mixing: str = field(default="mh", metadata=_help("mixing weights: mh (Metropolis-Hastings) or uniform"))
+    mixing: str = field(default="mh", metadata=option_help("mixing weights: mh (Metropolis-Hastings) or uniform"))
 
     def validate(self):
         super().validate()
@@ -113,7 +110,7 @@ AGGREGATES = ("mean", "median", "trimmed", "krum")
 class RobustMixingOptions(MixingOptions):
     """Averaging that may be robust: mean (the mixing weights), or median, trimmed:0.2, krum:f=1 over the
     node's own model and those it heard, with equal weights."""
-    aggregate: str = field(default="mean", metadata=_help(
+    aggregate: str = field(default="mean", metadata=option_help(
         "how a node combines its model with its neighbours': mean (the mixing weights), median, trimmed:BETA "
         "(coordinate-wise mean without the BETA fraction of largest and of smallest values) or krum:f=F"))
 
@@ -236,10 +233,10 @@ class LearningProtocol(Protocol):
     # DFedAvgM 4.1, MAPL 3.0, L2C 7.2, meta-L2C 11, Local 1.0. A run that cannot fit is refused.
     state_copies = 4.0
 
-    def __init__(self, options, env, **workload):
-        super().__init__(options, env)
+    def __init__(self, options, run_info, **workload):
+        super().__init__(options, run_info)
         try:
-            self.workload = Workload(options, env, averaged_by=self.name if self.averages_models else None,
+            self.workload = Workload(options, run_info, averaged_by=self.name if self.averages_models else None,
                                      **workload)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
@@ -248,13 +245,13 @@ class LearningProtocol(Protocol):
     def check_memory(self) -> None:
         """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate.
         (On a Ray cluster the models live on the workers, whose memory is Ray's to manage.)"""
-        if not self.env.state_in_process:
+        if not self.run_info.state_in_process:
             return
         model = self.initial_model(0)
         parameters = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        need, have = self.env.num_nodes * self.state_copies * parameters, physical_memory()
+        need, have = self.run_info.num_nodes * self.state_copies * parameters, physical_memory()
         if need > have:
-            raise UsageError(f"--nodes {self.env.num_nodes}: needs about {need / 2**30:.0f} GiB of model state "
+            raise UsageError(f"--nodes {self.run_info.num_nodes}: needs about {need / 2**30:.0f} GiB of model state "
                              f"({self.state_copies:g} copies of {parameters / 2**20:.1f} MiB per node), more than "
                              f"this machine's {have / 2**30:.0f} GiB")
 
@@ -294,7 +291,7 @@ class LearningProtocol(Protocol):
 
     async def evaluate(self, node, model, data) -> dict[str, float]:
         """The scores in the rounds --eval-every picks (and the last), else {}."""
-        last = node.round == self.env.rounds - 1
+        last = node.round == self.run_info.rounds - 1
         if (node.round + 1) % self.options.eval_every and not last:
             return {}
         return await self.scores(node, model, data)
@@ -320,7 +317,7 @@ class LearningProtocol(Protocol):
         return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
 
 
-def values(state: dict) -> int:
+def entry_count(state: dict) -> int:
     """The tensor entries of a state (parameters, and any BatchNorm statistics): what papers count as
     parameters transmitted. Logged as params_sent."""
     return sum(t.numel() for t in state.values())

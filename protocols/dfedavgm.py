@@ -65,7 +65,7 @@ class DFedAvgM(LearningProtocol):
     """DFedAvgM: local momentum SGD, then Metropolis-Hastings model averaging."""
     Options = DFedAvgMOptions
     averages_models = True
-    checkpoints = True
+    checkpointable = True
 
     async def run(self, node):
         model, data = self.hold(node)

@@ -21,7 +21,7 @@ from emulator.protocol import register
 from p2p_emulator.workloads.training import load_state, mix
 
 from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
-                     positive_int, values)
+                     positive_int, entry_count)
 
 
 @dataclass
@@ -70,15 +70,15 @@ def average(model, updates: list[tuple[int, dict]]) -> None:
 class FedAvg(LearningProtocol):
     """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
     Options = FedAvgOptions
-    checkpoints = True
+    checkpointable = True
     averages_models = True
 
-    def __init__(self, options, env):
-        self.server, self.clients = star(env.graph, self.name)
+    def __init__(self, options, run_info):
+        self.server, self.clients = star(run_info.graph, self.name)
         if options.clients_per_round > len(self.clients):
             raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
                              f"{len(self.clients)} clients (node {self.server} is the server)")
-        super().__init__(options, env, parts=len(self.clients))
+        super().__init__(options, run_info, parts=len(self.clients))
         self.part = {client: part for part, client in enumerate(self.clients)}
 
     async def run(self, node):
@@ -111,7 +111,7 @@ class FedAvg(LearningProtocol):
                                         valid=expects(**{STATE: state, "samples": positive_int}))
             await node.compute(average, model, [(m.body["samples"], m.body[STATE]) for m in updates.values()], work=0)
             scores = await self.evaluate(node, model, test) if test is not None else {}
-            node.log(heard_from=len(updates), params_sent=values(state) * len(sampled), **scores)
+            node.log(heard_from=len(updates), params_sent=entry_count(state) * len(sampled), **scores)
 
     def _sample(self, node, reachable: list[int]) -> list[int]:
         k = self.options.clients_per_round
@@ -137,7 +137,7 @@ class FedAvg(LearningProtocol):
             if self.server in node.neighbours:
                 sent = await self.state(node, model)
                 node.send(self.server, "update", {STATE: sent, "samples": len(data.train_y)})
-            node.log(train_loss=loss, params_sent=values(sent), **scores)
+            node.log(train_loss=loss, params_sent=entry_count(sent), **scores)
 
     async def _next_model(self, node, model_body):
         """The server's message for this round or a later one; None once the server has been silent too long.

@@ -199,12 +199,12 @@ class Carried:
 
 class Linked(LearningProtocol):
     """What fedlinked and fedlinked-p2p share: the public set, a node's learning in a round, the summary."""
-    checkpoints = True
+    checkpointable = True
     Options = FedLinkedOptions
     state_copies = 3.0  # the model, the early-stopping best and the rollback best
 
-    def __init__(self, options, env, **workload):
-        super().__init__(options, env, **workload)
+    def __init__(self, options, run_info, **workload):
+        super().__init__(options, run_info, **workload)
         self.public = self.workload.public()  # public data, normalised once; each node keeps it as its own
         self.public_size = 0 if self.public is None else len(self.public)
         if options.eta > 0 and self.public_size < 2:
@@ -219,7 +219,7 @@ class Linked(LearningProtocol):
         n, k = self.public_size, self.options.public_subsample
         if not k:
             return np.arange(n)
-        return np.sort(self.env.seeds.numpy("fedlinked.public", rnd).choice(n, size=k, replace=False))
+        return np.sort(self.run_info.seeds.numpy("fedlinked.public", rnd).choice(n, size=k, replace=False))
 
     def wait(self, rnd: int) -> float:
         """How long a round waits for representations: round 0 waits out pretraining too."""
@@ -302,7 +302,7 @@ class Linked(LearningProtocol):
         if acc >= best_acc:
             best_acc = acc
             await node.compute(copy_model, kept, model, work=0)
-        if node.round == self.env.rounds - 1:
+        if node.round == self.run_info.rounds - 1:
             await node.compute(copy_model, model, kept, work=0)
         return best_acc, {"rollback_acc": acc, **await self.evaluate(node, model, data)}
 
@@ -352,9 +352,9 @@ class Linked(LearningProtocol):
 class FedLinked(Linked):
     """FedLinked on a star: the server computes A, the maps and each client's f*_j."""
 
-    def __init__(self, options, env):
-        self.server, self.clients = star(env.graph, "fedlinked")
-        super().__init__(options, env, parts=len(self.clients))
+    def __init__(self, options, run_info):
+        self.server, self.clients = star(run_info.graph, "fedlinked")
+        super().__init__(options, run_info, parts=len(self.clients))
         self.part = {client: part for part, client in enumerate(self.clients)}
 
     async def run(self, node):

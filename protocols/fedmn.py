@@ -35,7 +35,7 @@ from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import load_state, mean_loss, sgd
 
 from .common import (EVAL_COST, STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
-                     expects, last_rows, like, positive_int, values)
+                     expects, last_rows, like, positive_int, entry_count)
 from .fedavg import FedAvg, FedAvgOptions
 
 torch = LazyModule("torch")
@@ -186,7 +186,7 @@ class Layout:
 
 class Modular(LearningProtocol):
     """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
-    checkpoints = True
+    checkpointable = True
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -208,7 +208,7 @@ class Modular(LearningProtocol):
     def tau(self, rnd: int) -> float:
         """tau_t = tau_start (tau_end / tau_start)^(t / (T - 1)) over the T routed rounds."""
         o = self.options
-        span = max(self.env.rounds - o.pretrain_rounds - 1, 1)
+        span = max(self.run_info.rounds - o.pretrain_rounds - 1, 1)
         return o.tau_start * (o.tau_end / o.tau_start) ** ((rnd - o.pretrain_rounds) / span)
 
     async def decide(self, node, network, data) -> tuple[list[int], list[int]]:
@@ -286,12 +286,12 @@ class FedMN(Modular, FedAvg):
                 blocks = {client: layout.pick(state, decision, False) for client, decision in decisions.items()}
                 for client, picked in blocks.items():
                     node.send(client, "blocks", {STATE: picked})
-                sent = values(router) * len(sampled) + sum(map(values, blocks.values()))
+                sent = entry_count(router) * len(sampled) + sum(map(entry_count, blocks.values()))
             else:
                 decisions = dict.fromkeys(sampled, layout.everything)
                 whole = layout.pick(state, layout.everything, False)
                 node.broadcast("model", {STATE: whole}, to=sampled)
-                sent = values(whole) * len(sampled)
+                sent = entry_count(whole) * len(sampled)
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
             updates = await node.gather("update", peers=sorted(decisions), timeout=o.timeout,
                                         valid=layout.update(routed))
@@ -331,7 +331,7 @@ class FedMN(Modular, FedAvg):
             scores = await self.evaluate(node, network, data)  # 5
             body = await self.update(node, network, layout, decision, data)
             node.send(self.server, "update", body)
-            self.report(node, decision, route, data.cluster, train_loss=loss, params_sent=values(body[STATE]), **scores)
+            self.report(node, decision, route, data.cluster, train_loss=loss, params_sent=entry_count(body[STATE]), **scores)
 
     async def run_no_rounds(self, node):
         if node.id != self.server:
@@ -357,7 +357,7 @@ class FedMNP2P(Modular):
             decision, route = await self.decide(node, network, data)
             loss = await self.train(node, network, data)
             body = await self.update(node, network, layout, decision, data)
-            sent = values(body[STATE]) * len(node.neighbours)
+            sent = entry_count(body[STATE]) * len(node.neighbours)
             node.broadcast("blocks", body)
             heard = await node.gather("blocks", timeout=o.timeout, valid=layout.update(routed))
             await node.compute(average_modules, network, [(body[SAMPLES], body[STATE])]

@@ -42,18 +42,18 @@ class Carried:
 class Gossip(Protocol):
     """Gossip averaging of a vector (no model); converges to the mean."""
     Options = GossipOptions
-    checkpoints = True
+    checkpointable = True
 
-    def __init__(self, options, env):
-        super().__init__(options, env)
+    def __init__(self, options, run_info):
+        super().__init__(options, run_info)
         # What gossip converges to, for the observer: the mean of all initial values (drawn once, not per round).
-        self.target = np.mean([self.initial(i) for i in range(env.num_nodes)], axis=0)
+        self.target = np.mean([self.initial(i) for i in range(run_info.num_nodes)], axis=0)
         # What a neighbour's message looks like: one check for all nodes (it holds no state), not 1.5 KB each.
         self.valid = like({"x": np.zeros(options.dim), DEGREE: 0})
 
     def initial(self, node_id: int) -> np.ndarray:
         """x_i at the start: a standard normal draw from node i's own stream."""
-        return self.env.seeds.numpy("gossip.initial", node_id).normal(size=self.options.dim)
+        return self.run_info.seeds.numpy("gossip.initial", node_id).normal(size=self.options.dim)
 
     async def run(self, node):
         state = node.carry(Carried(self.initial(node.id)))

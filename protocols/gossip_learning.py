@@ -61,7 +61,7 @@ class GossipLearning(LearningProtocol):
     """Gossip learning: push the model to one random neighbour, merge what arrives, train."""
     Options = GossipLearningOptions
     averages_models = True
-    checkpoints = True
+    checkpointable = True
 
     async def run(self, node):
         o = self.options

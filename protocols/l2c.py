@@ -147,7 +147,7 @@ class L2C(LearningProtocol):
     Options = L2COptions
     averages_models = True
     state_copies = 7.2
-    checkpoints = True
+    checkpointable = True
 
     # -- what L2C and meta-L2C do differently ---------------------------------
     def mixer(self, node, origin: dict):
@@ -218,7 +218,7 @@ class L2C(LearningProtocol):
             return {}
         identified = {}
         for i, row in last.items():
-            peers = {j for j in self.env.graph.neighbors(i) if clusters[j] == clusters[i]}
+            peers = {j for j in self.run_info.graph.neighbors(i) if clusters[j] == clusters[i]}
             if peers:
                 identified[str(i)] = same_task_on_top(i, {int(j): w for j, w in row["weights"].items()}, peers)
         if not identified:

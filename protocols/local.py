@@ -17,7 +17,7 @@ class LocalOptions(SGDOptions):
 class Local(LearningProtocol):
     """Local training only; sends nothing."""
     Options = LocalOptions
-    checkpoints = True
+    checkpointable = True
     state_copies = 1.0
 
     async def run(self, node):

@@ -48,7 +48,7 @@ from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import mix
 
 from .common import (LearningProtocol, TimeoutOptions, TrainingOptions, check, default, expects, last_rows, like,
-                     own_row, positive_int)
+                     option_help, own_row, positive_int)
 
 torch = LazyModule("torch")
 # PML (prototypes) and its augmentations (torchvision): imported when MAPL is set up
@@ -60,10 +60,6 @@ KIND, DROP = "mapl", "drop"
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
 
 
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
 @dataclass
 class MapLOptions(TimeoutOptions, TrainingOptions):
     dataset: str = default(TrainingOptions, "dataset", "digits")
@@ -71,36 +67,36 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
     model: str = default(TrainingOptions, "model", "hetero-small")
     d_z: int = default(TrainingOptions, "d_z", 128)
     init: str = default(TrainingOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
-    local_epochs: int = field(default=2, metadata=_help("local epochs per round (paper: 1)"))
-    lr: float = field(default=3e-3, metadata=_help("learning rate (MAPL: Adam; paper 1e-4)"))
+    local_epochs: int = field(default=2, metadata=option_help("local epochs per round (paper: 1)"))
+    lr: float = field(default=3e-3, metadata=option_help("learning rate (MAPL: Adam; paper 1e-4)"))
     weight_decay: float = default(TrainingOptions, "weight_decay", 0.0)
-    batch_size: int = field(default=32, metadata=_help("local batch size (MAPL paper: 64)"))
-    d_p: int = field(default=128, metadata=_help("MAPL: prototype and projection width (paper 512)"))
-    projection_hidden: int = field(default=512, metadata=_help("MAPL: projection head hidden width (paper 4096)"))
-    adam_beta1: float = field(default=0.5, metadata=_help("MAPL: Adam's beta1 for PML and CGL"))
-    crop_scale: float = field(default=0.5, metadata=_help(
+    batch_size: int = field(default=32, metadata=option_help("local batch size (MAPL paper: 64)"))
+    d_p: int = field(default=128, metadata=option_help("MAPL: prototype and projection width (paper 512)"))
+    projection_hidden: int = field(default=512, metadata=option_help("MAPL: projection head hidden width (paper 4096)"))
+    adam_beta1: float = field(default=0.5, metadata=option_help("MAPL: Adam's beta1 for PML and CGL"))
+    crop_scale: float = field(default=0.5, metadata=option_help(
         "MAPL: smallest crop area of the augmentation, as a fraction of the image (code: 0.2)"))
-    tau: float = field(default=100.0, metadata=_help("MAPL: temperature of the contrastive losses"))
-    loss_forms: str = field(default="code", metadata=_help("MAPL losses: code (authors' code) or paper"))
-    t_thr: int = field(default=-1, metadata=_help("MAPL: first round of graph learning (-1: rounds // 4)"))
-    mu1: float = field(default=0.5, metadata=_help("MAPL: weight of the similarity term of l_g"))
-    mu2: float = field(default=0.1, metadata=_help("MAPL: weight of the graph regulariser"))
-    beta: float = field(default=0.5, metadata=_help("MAPL: weight of ||w_i||_2 in the graph regulariser"))
-    similarity: str = field(default="max", metadata=_help("MAPL: max (code: c_ij / max c) or raw (paper)"))
-    classifier_rows: str = field(default="centred", metadata=_help(
+    tau: float = field(default=100.0, metadata=option_help("MAPL: temperature of the contrastive losses"))
+    loss_forms: str = field(default="code", metadata=option_help("MAPL losses: code (authors' code) or paper"))
+    t_thr: int = field(default=-1, metadata=option_help("MAPL: first round of graph learning (-1: rounds // 4)"))
+    mu1: float = field(default=0.5, metadata=option_help("MAPL: weight of the similarity term of l_g"))
+    mu2: float = field(default=0.1, metadata=option_help("MAPL: weight of the graph regulariser"))
+    beta: float = field(default=0.5, metadata=option_help("MAPL: weight of ||w_i||_2 in the graph regulariser"))
+    similarity: str = field(default="max", metadata=option_help("MAPL: max (code: c_ij / max c) or raw (paper)"))
+    classifier_rows: str = field(default="centred", metadata=option_help(
         "MAPL: rows of Phi that c_ij compares: centred (minus their mean row, which the softmax cannot see) "
         "or raw (paper and code)"))
-    graph_step: str = field(default="adam", metadata=_help("MAPL: adam (code: fresh Adam) or sgd (paper)"))
-    graph_lr: float = field(default=0.1, metadata=_help("MAPL: step size of graph learning"))
-    graph_steps: int = field(default=1, metadata=_help("MAPL: graph-learning steps per round (E_g)"))
-    degree_barrier: bool = field(default=False, metadata=_help(
+    graph_step: str = field(default="adam", metadata=option_help("MAPL: adam (code: fresh Adam) or sgd (paper)"))
+    graph_lr: float = field(default=0.1, metadata=option_help("MAPL: step size of graph learning"))
+    graph_steps: int = field(default=1, metadata=option_help("MAPL: graph-learning steps per round (E_g)"))
+    degree_barrier: bool = field(default=False, metadata=option_help(
         "MAPL: let -log(deg_i) push w_i (paper); the code holds deg_i constant"))
-    zero_weight: float = field(default=1e-4, metadata=_help(
+    zero_weight: float = field(default=1e-4, metadata=option_help(
         "MAPL: a learned w_ij at or below this counts as 0 and the link is dropped (sign steps can park a "
         "weight at a few 1e-6 for good)"))
-    no_sparsify: bool = field(default=False, metadata=_help(
+    no_sparsify: bool = field(default=False, metadata=option_help(
         "MAPL: keep sending to zero-weight neighbours (the authors' code)"))
-    mapl_no_cgl: bool = field(default=False, metadata=_help(
+    mapl_no_cgl: bool = field(default=False, metadata=option_help(
         "MAPL w/o CGL: uniform weights over the neighbours, no classifier exchange"))
 
     def validate(self):
@@ -259,13 +255,13 @@ def classifier_weight(model) -> torch.Tensor:
 class MAPL(LearningProtocol):
     """MAPL: heterogeneous models aligned by shared prototypes, with a learned collaboration graph."""
     Options = MapLOptions
-    checkpoints = True
+    checkpointable = True
     state_copies = 3.0
     averages_backbones = False
 
-    def __init__(self, options, env):
-        super().__init__(options, env, projection=(options.d_p, options.projection_hidden))
-        self.t_thr = options.t_thr if options.t_thr >= 0 else env.rounds // 4
+    def __init__(self, options, run_info):
+        super().__init__(options, run_info, projection=(options.d_p, options.projection_hidden))
+        self.t_thr = options.t_thr if options.t_thr >= 0 else run_info.rounds // 4
         self.clusters = self.workload.clusters if None not in self.workload.clusters else None
         ds = self.workload.dataset
         self.stats = (torch.tensor(ds.mean).view(-1, 1, 1), torch.tensor(ds.std).view(-1, 1, 1))

@@ -79,7 +79,7 @@ class MetaL2C(L2C):
 
     def mixer(self, node, origin: dict):
         o = self.options
-        generator = torch.Generator().manual_seed(self.env.seeds.integer("meta-l2c.encoder"))  # one E for all nodes
+        generator = torch.Generator().manual_seed(self.run_info.seeds.integer("meta-l2c.encoder"))  # one E for all nodes
         shapes = {name: value.shape for name, value in encoded(origin).items()}
         return Attention(node.id, encoders.Encoder(shapes, encoder_widths(o.encoder), generator),
                          o.alpha_lr, o.alpha_weight_decay)

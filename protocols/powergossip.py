@@ -69,7 +69,7 @@ class PowerGossip(LearningProtocol):
     """PowerGossip: SGD, then low-rank power-iteration gossip on each pair's model difference."""
     Options = PowerGossipOptions
     averages_models = True
-    checkpoints = True
+    checkpointable = True
     state_copies = 8.0  # 6.6 to 7.3 measured on a 4-regular graph (./dev bench memory, docs/compression.md)
 
     async def run(self, node):

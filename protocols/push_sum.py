@@ -28,7 +28,7 @@ class Carried:
 class PushSum(Protocol):
     """Push-sum averaging of one number."""
     Options = PushSumOptions
-    checkpoints = True
+    checkpointable = True
 
     async def run(self, node):
         state = node.carry(Carried(float(node.id), 1.0))

@@ -9,7 +9,7 @@ import torch
 
 from emulator.seeds import Seeds
 from p2p_emulator.cli import main
-from emulator.protocol import Environment
+from emulator.protocol import RunInfo
 from p2p_emulator.workloads.datasets import load_dataset
 from p2p_emulator.workloads.models import build_model, parameter_count
 from p2p_emulator.workloads.task import Workload, WorkloadOptions
@@ -22,8 +22,8 @@ DIGITS_TEST = len(load_dataset("digits").test_y)
 
 
 def _workload(tmp_path, nodes=4, **options) -> Workload:
-    env = Environment(nodes, 1, Seeds(0), nx.complete_graph(nodes), "cpu", tmp_path)
-    return Workload(WorkloadOptions(**options), env)
+    run_info = RunInfo(nodes, 1, Seeds(0), nx.complete_graph(nodes), "cpu", tmp_path)
+    return Workload(WorkloadOptions(**options), run_info)
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -105,7 +105,7 @@ def test_a_run_resumed_from_its_last_checkpoint_gives_the_same_bytes(name, tmp_p
 
 
 def test_every_protocol_that_says_it_can_be_checkpointed_is_tested_here():
-    claimed = {name for name, cls in protocols().items() if cls.checkpoints}
+    claimed = {name for name, cls in protocols().items() if cls.checkpointable}
     assert claimed == {settings["protocol"] for settings in RUNS.values()}
 
 
@@ -242,7 +242,7 @@ def test_no_checkpoint_and_a_finished_run_are_refused(tmp_path, capsys):
 
 
 def test_a_protocol_that_declares_no_carried_state_is_refused(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(DFedAvgM, "checkpoints", False)  # as a plugin that never calls node.carry
+    monkeypatch.setattr(DFedAvgM, "checkpointable", False)  # as a plugin that never calls node.carry
     assert_refused(capsys, ["--protocol", "dfedavgm", "--checkpoint-every", "2", "--rounds", "3", "--quiet"],
                    "does not declare", tmp_path / "r")
 

@@ -14,7 +14,7 @@ from p2p_emulator.run import build_emulation, build_topology
 from p2p_emulator.settings import resolve
 from emulator.emulation import Emulation
 from emulator.node import Node
-from emulator.protocol import Environment, protocols
+from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
 
 REGISTRY = protocols()
@@ -65,8 +65,8 @@ def _settings(name: str) -> dict:
 def test_a_run_leaves_the_protocol_object_unchanged(tmp_path, name):
     config, options = resolve(_settings(name), REGISTRY)
     graph, _ = build_topology(config)
-    env = Environment(graph.number_of_nodes(), config.rounds, Seeds(config.seed), graph, "cpu", tmp_path)
-    protocol = REGISTRY[name](options, env)
+    run_info = RunInfo(graph.number_of_nodes(), config.rounds, Seeds(config.seed), graph, "cpu", tmp_path)
+    protocol = REGISTRY[name](options, run_info)
     before = fingerprint(vars(protocol))
     with ThreadExecutor(2) as executor:
         emulation = build_emulation(config, graph, protocol, executor)
@@ -89,9 +89,9 @@ def test_the_fingerprint_sees_a_write_into_shared_state():
 def test_a_node_holds_no_other_node_and_not_the_emulation():
     graph = nx.path_graph(3)
     config, options = resolve({"protocol": "gossip", "nodes": 3, "rounds": 1}, REGISTRY)
-    env = Environment(3, 1, Seeds(0), graph, "cpu", Path("."))
+    run_info = RunInfo(3, 1, Seeds(0), graph, "cpu", Path("."))
     with ThreadExecutor(1) as executor:
-        emulation = build_emulation(config, graph, REGISTRY["gossip"](options, env), executor)
+        emulation = build_emulation(config, graph, REGISTRY["gossip"](options, run_info), executor)
     for node in emulation.nodes:
         reachable = [getattr(node, name) for name in Node.__slots__ if name != "__weakref__"]
         reachable += [getattr(held, f.name) for held in reachable if dataclasses.is_dataclass(held)

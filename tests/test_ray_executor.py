@@ -162,7 +162,7 @@ def test_bad_ray_flags_are_one_line_and_exit_2(capsys, tmp_path, flags, named):
 
 
 def test_worker_count_fits_the_cluster_and_the_nodes():
-    from emulator.cluster import _worker_count
+    from emulator.ray_executor import _worker_count
     from emulator.errors import UsageError
 
     assert _worker_count({"CPU": 16.0}, nodes=10, workers=0, cpus=1, gpus=0) == 10  # one per node at most
@@ -177,7 +177,7 @@ def test_worker_count_fits_the_cluster_and_the_nodes():
 def test_payload_bytes_are_the_tensor_bytes():
     import torch
 
-    from emulator.cluster import payload_bytes
+    from emulator.ray_executor import payload_bytes
     from emulator.compute import Resident
 
     state = {"w": torch.zeros(3, 5), "b": torch.zeros(5, dtype=torch.float16)}

@@ -5,7 +5,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from emulator import cluster  # noqa: E402
+from emulator import ray_executor  # noqa: E402
 from p2p_emulator.analysis.rundir import sweep_contents  # noqa: E402
 from tests.test_parallel_sweeps import GRID, sweep_in, write_grid  # noqa: E402
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.xdist_group("ray")
 @pytest.fixture(scope="module")
 def local_ray():
     """The local Ray that `emulate` starts itself, for the module; a sweep joins it."""
-    cluster.connect(ray, "")
+    ray_executor.connect(ray, "")
     yield
     ray.shutdown()
 

@@ -12,15 +12,15 @@ import pytest
 from p2p_emulator.analysis.rundir import final_metrics
 from p2p_emulator.cli import main
 from emulator import wire
-from emulator.protocol import Environment, protocols
+from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
 from tests.conftest import network, nodes
 
 
 def _protocol(name: str, tmp_path, **options):
     cls = protocols()[name]
-    env = Environment(4, 1, Seeds(0), nx.complete_graph(4), "cpu", tmp_path)
-    return cls(cls.Options(**options), env)
+    run_info = RunInfo(4, 1, Seeds(0), nx.complete_graph(4), "cpu", tmp_path)
+    return cls(cls.Options(**options), run_info)
 
 
 def _parameter_names(model) -> set[str]:

@@ -22,38 +22,39 @@ class WorkloadError(ValueError):
     """Bad dataset, partition or model settings; one line for the user."""
 
 
-def _help(text: str) -> dict:
+def option_help(text: str) -> dict:
+    """A dataclass field's metadata: its --help line (every option becomes a flag and a config key)."""
     return {"help": text}
 
 
 @dataclass
 class WorkloadOptions:
     """Settings every learning protocol shares; each becomes a CLI flag."""
-    dataset: str = field(default="digits", metadata=_help(
+    dataset: str = field(default="digits", metadata=option_help(
         "digits (embedded), fashion-mnist, mnist, cifar10, svhn, cinic10"))
-    data_root: str = field(default="", metadata=_help("directory holding the dataset files"))
-    download: bool = field(default=False, metadata=_help("let torchvision download the dataset (needs internet)"))
-    partition: str = field(default="iid", metadata=_help(
+    data_root: str = field(default="", metadata=option_help("directory holding the dataset files"))
+    download: bool = field(default=False, metadata=option_help("let torchvision download the dataset (needs internet)"))
+    partition: str = field(default="iid", metadata=option_help(
         "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2, "
         "mixture:components=3[,alpha=0.4,samples=200], fedlinked:groups=2[,classes=4,samples=200]"))
-    val_fraction: float = field(default=0.0, metadata=_help("share of each node's train split held out for validation"))
-    rollback_fraction: float = field(default=0.0, metadata=_help(
+    val_fraction: float = field(default=0.0, metadata=option_help("share of each node's train split held out for validation"))
+    rollback_fraction: float = field(default=0.0, metadata=option_help(
         "share of each node's train split held out for a second validation split (fedlinked's rollback)"))
-    public_fraction: float = field(default=0.0, metadata=_help(
+    public_fraction: float = field(default=0.0, metadata=option_help(
         "share of every class held out before partitioning as the public unlabelled set (fedlinked's X0)"))
-    model: str = field(default="cnn-small", metadata=_help(
+    model: str = field(default="cnn-small", metadata=option_help(
         "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small; "
         "shaped: mlp:hidden=64,64 (hidden widths, biased classifier) or cnn-small:channels=32,64"))
-    model_assign: str = field(default="round-robin", metadata=_help("hetero models: round-robin or random"))
-    norm: str = field(default="batch", metadata=_help("batch or group normalisation"))
-    d_z: int = field(default=512, metadata=_help("latent width of every backbone"))
-    init: str = field(default="common", metadata=_help(
+    model_assign: str = field(default="round-robin", metadata=option_help("hetero models: round-robin or random"))
+    norm: str = field(default="batch", metadata=option_help("batch or group normalisation"))
+    d_z: int = field(default=512, metadata=option_help("latent width of every backbone"))
+    init: str = field(default="common", metadata=option_help(
         "initial weights: common (every node starts from one x0 drawn from the seed) or independent (one per node)"))
-    test_set: str = field(default="auto", metadata=_help(
+    test_set: str = field(default="auto", metadata=option_help(
         "what each node is scored on: global (the whole test split), local (its own split), "
         "auto (global for iid and dirichlet, local for the personalised partitions)"))
-    eval_every: int = field(default=1, metadata=_help("evaluate every K rounds (and always at the last round)"))
-    normalize: str = field(default="standard", metadata=_help(
+    eval_every: int = field(default=1, metadata=option_help("evaluate every K rounds (and always at the last round)"))
+    normalize: str = field(default="standard", metadata=option_help(
         "input scaling: standard (per-channel mean/std), max (divide by 255), none (raw 0..255)"))
 
 
@@ -79,28 +80,28 @@ class Workload:
     asks for fewer and maps its clients onto them.
     """
 
-    def __init__(self, options: WorkloadOptions, env, *, workers: int | None = None, parts: int | None = None,
+    def __init__(self, options: WorkloadOptions, run_info, *, workers: int | None = None, parts: int | None = None,
                  projection: tuple[int, int] | None = None, averaged_by: str | None = None):
-        self.options, self.env, self.projection = options, env, projection
-        parts = env.num_nodes if parts is None else parts
+        self.options, self.run_info, self.projection = options, run_info, projection
+        parts = run_info.num_nodes if parts is None else parts
         try:  # the settings first: bad ones fail before torch and the dataset load
             check_options(options)
             self.archs = [model_specs.assigned_arch(options.model, i, options.model_assign,
-                                                    env.seeds.stream("model.assign", i)) for i in range(parts)]
+                                                    run_info.seeds.stream("model.assign", i)) for i in range(parts)]
         except model_specs.ModelError as exc:
             raise WorkloadError(str(exc)) from None
         _check_architectures(options, sorted(set(self.archs)), averaged_by)
         # Several nodes train at once on the executor's threads: don't oversubscribe the cores.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers or os.cpu_count() or 1)))
-        if env.device == "cuda" and not torch.cuda.is_available():
+        if run_info.device == "cuda" and not torch.cuda.is_available():
             raise WorkloadError("--device cuda: no CUDA device is available")
-        self.device = torch.device(env.device)
-        models.import_for_jobs(self.archs, trains=env.rounds > 0)
+        self.device = torch.device(run_info.device)
+        models.import_for_jobs(self.archs, trains=run_info.rounds > 0)
         try:
             self.dataset = load_dataset(options.dataset, options.data_root or None, options.download)
             self.partition = make_partition(options.partition, self.dataset.train_y.numpy(),
                                             self.dataset.test_y.numpy(), parts,
-                                            self.dataset.num_classes, env.seeds.stream("partition"),
+                                            self.dataset.num_classes, run_info.seeds.stream("partition"),
                                             options.val_fraction, options.public_fraction,
                                             options.rollback_fraction)
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
@@ -114,10 +115,10 @@ class Workload:
         self._global_test = self._whole_test() if self.test_set == "global" else None
         record = self.partition.to_json(options.dataset, self.dataset.train_y.numpy(),
                                         self.dataset.test_y.numpy(), self.archs)
-        env.write_json("partition.json", {**record, "test_set": self.test_set, "init": options.init})
+        run_info.write_json("partition.json", {**record, "test_set": self.test_set, "init": options.init})
         for note in self.partition.notes:
-            if env.console is not None:
-                env.console.print(f"[yellow]partition: {note}")
+            if run_info.console is not None:
+                run_info.console.print(f"[yellow]partition: {note}")
 
     @property
     def num_classes(self) -> int:
@@ -134,7 +135,7 @@ class Workload:
         try:
             return models.build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
-                               assign=o.model_assign, assign_seed=self.env.seeds.stream("model.assign", part),
+                               assign=o.model_assign, assign_seed=self.run_info.seeds.stream("model.assign", part),
                                init_seed=self.init_seed(part)).to(self.device)
         except model_specs.ModelError as exc:
             raise WorkloadError(str(exc)) from None
@@ -142,7 +143,7 @@ class Workload:
     def init_seed(self, part: int) -> int:
         """One stream for the common x0; one per data holder under --init independent."""
         key = () if self.options.init == "common" else (part,)
-        return self.env.seeds.integer("model.init", *key)
+        return self.run_info.seeds.integer("model.init", *key)
 
     def data(self, part: int) -> NodeTensors:
         """Data holder `part`'s splits; the test split is the whole one under --test-set global."""

@@ -23,12 +23,12 @@ class MaxFlood(Protocol):
     """Max flooding: every node learns the largest initial value, one hop per round."""
     Options = MaxFloodOptions
 
-    def __init__(self, options, env):
-        super().__init__(options, env)
-        self.largest = max(self.initial(i) for i in range(env.num_nodes))  # for the metric only
+    def __init__(self, options, run_info):
+        super().__init__(options, run_info)
+        self.largest = max(self.initial(i) for i in range(run_info.num_nodes))  # for the metric only
 
     def initial(self, node_id: int) -> float:
-        return float(self.env.seeds.numpy("max-flood", node_id).random())
+        return float(self.run_info.seeds.numpy("max-flood", node_id).random())
 
     async def run(self, node):
         known = self.initial(node.id)
