@@ -33,9 +33,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2p_emulator.analysis.plots import cluster_similarity  # noqa: E402
-from p2p_emulator.analysis.rundir import load_run  # noqa: E402
-from p2p_emulator.sweep import run_once  # noqa: E402
+from emulator.protocol import protocols  # noqa: E402
+from p2p_emulator import cli  # noqa: E402
+from p2p_emulator.analysis.rundir import Run, read_run  # noqa: E402
+from p2p_emulator.settings import config_hash  # noqa: E402
+from p2p_emulator.sweeps import is_current  # noqa: E402
+from protocols.analysis.learned_graph import cluster_similarity  # noqa: E402
 
 SETUPS = {  # dataset -> (nodes, seeds, horizons, extra flags)
     "digits": (10, range(5), (20, 40, 100), ["--partition", "mapl:scenario=1"]),
@@ -58,14 +61,22 @@ def kept(row: dict, clusters: dict[int, int]) -> float:
     return sum(w > 0 for w in own) / len(own)
 
 
+def run_once(out: Path, flags: list[str]) -> Run:
+    """`emulate FLAGS` into `out`, quiet and without plots, unless `out` holds a finished run of these settings."""
+    if not is_current(out, config_hash(*cli.resolve(flags, protocols()))):
+        status = cli.main([*flags, "--out", str(out), "--quiet", "--no-plots", "--overwrite"])
+        if status != 0:
+            raise RuntimeError(f"run {out}: emulate exited with status {status}")
+    return read_run(out)
+
+
 def measure(out: Path, flags: list[str]) -> dict:
     """One run (or the finished one at `out`): within-cluster mass, links kept and last-round similarities."""
-    summary = run_once(out, flags)
-    run = load_run(out)
+    run = run_once(out, flags)
     rows = run.stream("graph") or []
     last = [r for r in rows if r["round"] == max(r["round"] for r in rows)]
     similarity = cluster_similarity(last, run.clusters)
-    mass = summary["within_cluster_weight"].values()
+    mass = run.summary["within_cluster_weight"].values()
     links = [kept(r, run.clusters) for r in last]
     return {"worst": min(mass), "mean": statistics.fmean(mass), "kept": (min(links), statistics.fmean(links)),
             **{side: values[0] if values else None for side, (_, values) in similarity.items()}}

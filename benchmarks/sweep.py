@@ -24,7 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from p2p_emulator.analysis.rundir import sweep_contents
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ is not on the path
+
+from tests.run_dirs import sweep_contents  # noqa: E402
 
 MODES = {"jobs1": ["--jobs", "1"], "jobs2": ["--jobs", "2"], "ray": ["--executor", "ray"]}
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from emulator.compute import ThreadExecutor
-from p2p_emulator.run import build_emulation
+from p2p_emulator.build import build_emulation
 from p2p_emulator.settings import RunConfig
 from emulator.protocol import NoOptions, Protocol
 

@@ -23,6 +23,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import wire
+from .seeds import numpy_generator, numpy_state
+
 KINDS = ("signflip", "noise", "random", "nan", "stale", "oversize")
 PADDING = 8  # oversize: padding bytes per floating-point byte of the body
 
@@ -43,6 +46,16 @@ class Adversaries:
         self._seeds = seeds
         self._rngs: dict[int, np.random.Generator] = {}
         self._first: dict[tuple[int, str], Any] = {}  # stale: (node, kind) -> its first body
+
+    def state(self) -> dict:
+        """Each attacker's noise generator, and the first bodies the stale attack keeps sending, as plain data."""
+        return {"rngs": {src: numpy_state(rng) for src, rng in self._rngs.items()},
+                "first": [[src, kind, bytes(wire.encode(body))] for (src, kind), body in self._first.items()]}
+
+    def load_state(self, state: dict) -> None:
+        for src, rng in state["rngs"].items():
+            self._rngs[src] = numpy_generator(rng)
+        self._first.update({(src, kind): wire.decode(body) for src, kind, body in state["first"]})
 
     def tamper(self, src: int, kind: str, body: Any) -> Any:
         """What adversary `src` sends in place of `body`."""

@@ -181,6 +181,14 @@ class VirtualClock:
         """The events still to run, as (when, callback, args), in the order they will run."""
         return [(when, callback, args) for when in sorted(self._due) for callback, args in self._due[when]]
 
+    def state(self) -> dict:
+        """Its time, as plain data; the events still due are their schedulers' to save (they know what the
+        callbacks are)."""
+        return {"now": self.now}
+
+    def load_state(self, state: dict) -> None:
+        self.now = state["now"]
+
     def when_idle(self, callback: Callable, *args) -> None:
         """Run callback(*args) once nothing else is due at this instant (no coroutine ready, no event or timer
         due now), before time moves on: a checkpoint's moment."""

@@ -33,6 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .seeds import numpy_generator, numpy_state
+
 
 @dataclass(frozen=True)
 class Churn:
@@ -92,6 +94,24 @@ class Scenario:
 
 
 # -- nodes going down and up ----------------------------------------------------------
+
+_CHURN = ("_churn_down", "_churn_up")  # the transitions whose args are (node, the node's churn generator)
+
+
+def _saved_args(transition: str, args: tuple) -> list:
+    """A pending transition's args as plain data."""
+    if transition in _CHURN:
+        node, rng = args
+        return [node, numpy_state(rng)]
+    return list(args)
+
+
+def _restored_args(transition: str, saved: list) -> list:
+    if transition in _CHURN:
+        node, rng = saved
+        return [node, numpy_generator(rng)]
+    return saved
+
 
 class Availability:
     """Drives Network.online from the scenario's outages, as clock events.
@@ -172,6 +192,31 @@ class Availability:
             self._down(node)
             self.on_crash(node)
 
+    def state(self) -> dict:
+        """Who is down and why, the offline spells so far, and its transitions still on the clock (by name,
+        with the churn generators they draw from), as plain data."""
+        names = {transition: name for name, transition in self._transitions().items()}
+        pending = [[when, names[callback], _saved_args(names[callback], args)]
+                   for when, callback, args in self.clock.pending() if callback in names]
+        return {"holds": list(self._holds), "online": list(self.online), "intervals": self.intervals,
+                "crashed": sorted(self.crashed), "pending": pending}
+
+    def load_state(self, state: dict) -> None:
+        """Put a saved state back, its transitions back on the clock; instead of start()."""
+        self._holds[:] = state["holds"]
+        self.online[:] = state["online"]
+        self.intervals[:] = state["intervals"]
+        self.crashed.update(state["crashed"])
+        transitions = self._transitions()
+        for when, name, args in state["pending"]:
+            self.clock.schedule(when, transitions[name], *_restored_args(name, args))
+
+    def _transitions(self) -> dict[str, Callable]:
+        """The clock events it schedules, by the names a checkpoint gives them (its methods' names, as the
+        checkpoint files have always held them)."""
+        return {"_down": self._down, "_up": self._up, "_churn_down": self._churn_down, "_churn_up": self._churn_up,
+                "_crash": self._crash}
+
     async def until_online(self, node: int) -> None:
         while not self.online[node]:
             waiter = self.clock.loop.create_future()
@@ -207,6 +252,14 @@ class LinkFaults:
         self.failures, self.seeds = scenario.link_failures, seeds
         self.partitions = [(p.start, p.heal, p.group_of(scenario.num_nodes)) for p in scenario.partitions]
         self._edges: dict[tuple[int, int], EdgeFaults] = {}
+
+    def state(self) -> list:
+        """Each faulty edge's chain so far, as plain data."""
+        return [[u, v, edge.down, edge.next_change, numpy_state(edge.rng)] for (u, v), edge in self._edges.items()]
+
+    def load_state(self, state: list) -> None:
+        for u, v, down, next_change, rng in state:
+            self._edges[u, v] = EdgeFaults(down, next_change, numpy_generator(rng))
 
     def down(self, src: int, dst: int, now: float) -> bool:
         for start, heal, group in self.partitions:

@@ -5,8 +5,8 @@ import asyncio
 import gc
 from typing import Callable
 
-from .checkpoint import (Barrier, Checkpoints, Resume, capture_adversaries, capture_dynamics, capture_network,
-                         capture_node, residents_by_node, restore_adversaries, restore_dynamics, restore_network)
+from .checkpoint import (Barrier, Checkpoints, Resume, dynamics_state, load_dynamics_state, load_network_state,
+                         network_state, node_state, residents_by_node)
 from .compute import Compute
 from .network import Network
 from .node import Node, NodeContext, handle_maker
@@ -33,9 +33,10 @@ class Emulation:
             if checkpoints.saved is not None:
                 resume = Resume(checkpoints.saved, checkpoints.tensors, compute.executor, checkpoints.residents)
                 self.barrier.count, self.barrier.idle_seconds = checkpoints.saved["barrier"]
-                restore_network(checkpoints.saved["network"], network, self.recorder, clock)
-                restore_dynamics(checkpoints.saved["dynamics"], availability, network.faults, clock)
-                restore_adversaries(checkpoints.saved["adversaries"], network.adversaries)
+                load_network_state(checkpoints.saved["network"], clock, network, self.recorder)
+                load_dynamics_state(checkpoints.saved["dynamics"], availability, network.faults)
+                if network.adversaries is not None:
+                    network.adversaries.load_state(checkpoints.saved["adversaries"])
         self.resumed = resume is not None
         self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
                       for i in range(n)]
@@ -47,10 +48,11 @@ class Emulation:
         """The state at round rnd's barrier, to the checkpoint writer."""
         tensors: dict = {}
         owned = residents_by_node(self.compute.executor.store)
-        nodes = [capture_node(node, owned.get(node.id, []), self.checkpoints.residents, tensors) for node in self.nodes]
-        saved = {"round": rnd, "network": capture_network(self.network, self.recorder, self.clock), "nodes": nodes,
-                 "dynamics": capture_dynamics(self.availability, self.network.faults, self.clock),
-                 "adversaries": capture_adversaries(self.network.adversaries),
+        nodes = [node_state(node, owned.get(node.id, []), self.checkpoints.residents, tensors) for node in self.nodes]
+        adversaries = self.network.adversaries
+        saved = {"round": rnd, "network": network_state(self.clock, self.network, self.recorder), "nodes": nodes,
+                 "dynamics": dynamics_state(self.availability, self.network.faults),
+                 "adversaries": None if adversaries is None else adversaries.state(),
                  "barrier": [self.barrier.count, self.barrier.idle_seconds]}
         self.checkpoints.write(rnd, saved, tensors)
 

@@ -66,6 +66,21 @@ class Ledger:
         self.rounds: dict[int, RoundCounts] = {}  # round -> every node's counts for it
         self.trace: list[TraceRow] | None = [] if trace else None
 
+    def state(self) -> dict:
+        """Its per node and round counts (the nonzero ones) and its trace, as plain data; the per link
+        counters are the links' to save (each holds its row)."""
+        return {"node_rounds": [[node, rnd, *counts.of(node)] for rnd, counts in self.rounds.items()
+                                for node in range(self.num_nodes) if any(counts.of(node))],
+                "trace": None if self.trace is None else [
+                    [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in self.trace]}
+
+    def load_state(self, state: dict) -> None:
+        self.rounds.clear()
+        for node, rnd, *counts in state["node_rounds"]:
+            self.counts(rnd).put(node, counts)
+        if state["trace"] is not None:
+            self.trace[:] = [TraceRow(*row) for row in state["trace"]]
+
     def row(self, key: tuple[int, int]) -> list[int]:
         """The counters of link key = (src, dst); links keep a reference so the hot path skips lookups."""
         row = self.links.get(key)

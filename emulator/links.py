@@ -14,6 +14,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from .seeds import numpy_generator, numpy_state, random_state, set_random_state
+
 
 class Delay:
     """Latency model; every sample is >= 0."""
@@ -154,6 +156,19 @@ class Link:
         for bit in bits:
             damaged[bit >> 3] ^= 1 << (bit & 7)
         return damaged
+
+    def state(self) -> list:
+        """Its queue's times, loss state, generators (None: not made yet) and ledger row, as plain data."""
+        return [self.free_at, self.last_start, self.last_arrival, self.loss_bad, random_state(self._rng),
+                numpy_state(self._corrupt_rng), list(self.counters)]
+
+    def load_state(self, state: list) -> None:
+        self.free_at, self.last_start, self.last_arrival, self.loss_bad, rng, corrupt, counters = state
+        if rng is not None:
+            set_random_state(self.rng, rng)
+        if corrupt is not None:
+            self._corrupt_rng = numpy_generator(corrupt)
+        self.counters[:] = counters  # the ledger's row: the ledger holds the same list
 
     def transmit(self, now: float, nbytes: int) -> float | None:
         """Occupy the link for the message; return its arrival time, or None when it is lost."""

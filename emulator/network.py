@@ -25,7 +25,7 @@ import networkx as nx
 
 from . import wire
 from .ledger import Ledger, TraceRow
-from .seeds import Seeds
+from .seeds import Seeds, numpy_state, set_numpy_state
 from .links import Capacity, Link, LinkSpec
 
 
@@ -164,6 +164,34 @@ class Network:
             link = self.links[key] = Link(src, dst, spec, self.seeds, self.uplinks[src], self.downlinks[dst],
                                           self.ledger.row(key))
         return link
+
+    def state(self) -> dict:
+        """Its links, capacities, quantiser generators and mailboxes, with its ledger's state (the frames in
+        mailboxes point into its trace), as plain data; taken when no frame is in flight."""
+        trace = self.ledger.trace
+        trace_index = {id(row): i for i, row in enumerate(trace)} if trace is not None else {}
+        return {"links": [[src, dst, *link.state()] for (src, dst), link in sorted(self.links.items())],
+                "uplinks": [capacity.free_at for capacity in self.uplinks],
+                "downlinks": [capacity.free_at for capacity in self.downlinks],
+                "wire_rngs": {src: numpy_state(rng) for src, rng in self._wire_rngs.items()},
+                **self.ledger.state(),
+                "mailboxes": [[[m.src, m.kind, m.round, m.size, m.t_send, m.t_arrive, bytes(m.frame),
+                                trace_index.get(id(m.trace))] for m in box.messages] for box in self.mailboxes]}
+
+    def load_state(self, state: dict) -> None:
+        for src, dst, *link in state["links"]:
+            self._link(src, dst).load_state(link)  # a later round's graph (a schedule) may have made it
+        for capacity, free_at in zip((*self.uplinks, *self.downlinks), state["uplinks"] + state["downlinks"]):
+            capacity.free_at = free_at
+        for src, rng in state["wire_rngs"].items():
+            set_numpy_state(self._wire_rng(src), rng)
+        ledger = self.ledger
+        ledger.load_state(state)
+        for dst, messages in enumerate(state["mailboxes"]):
+            self.mailboxes[dst].messages.extend(
+                Message(src, dst, kind, rnd, size, t_send, t_arrive, frame,
+                        trace=None if i is None else ledger.trace[i])
+                for src, kind, rnd, size, t_send, t_arrive, frame, i in messages)
 
     def neighbours(self, node: int, rnd: int = 0) -> list[int]:
         """Whom `node` sends to in round `rnd` (on an undirected graph, its neighbours)."""

@@ -13,11 +13,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from .checkpoint import carried_bytes
 from .clock import sleep
 from .compute import Compute, Resident
 from .network import Message, Network
 from .recorder import Recorder
-from .seeds import Seeds
+from .seeds import Seeds, numpy_state, random_state, set_numpy_state, set_random_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,11 @@ class NodeContext:
 
 
 class Node:
+    """One node of the emulated network: what a protocol's `run(node)` uses to send, receive, compute and log.
+
+    A protocol gets a handle with exactly the members named in PROPERTIES and METHODS (below), not
+    the Node itself. `node.id` is the node's number, 0 to num_nodes - 1.
+    """
     __slots__ = ("id", "_round", "_context", "_network", "_clock", "_mailbox", "_rng", "_np_rng", "_torch_generator",
                  "_carried", "__weakref__")
 
@@ -85,13 +91,6 @@ class Node:
             self._torch_generator = self.keep(generator)
         return self._torch_generator
 
-    def keep_torch_generator(self, key: int) -> None:
-        """The node's torch generator, made now under handle `key` (a resumed run puts its state back)."""
-        import torch
-
-        self._context.compute.executor.keep(self.id, key, torch.Generator())
-        self._torch_generator = Resident(self.id, key)
-
     # -- where and when ---------------------------------------------------
     @property
     def neighbours(self) -> list[int]:
@@ -111,6 +110,7 @@ class Node:
 
     @property
     def num_nodes(self) -> int:
+        """How many nodes the network has."""
         return self._network.num_nodes
 
     def now(self) -> float:
@@ -118,6 +118,7 @@ class Node:
         return self._clock.now
 
     async def sleep(self, seconds: float) -> None:
+        """Let `seconds` of emulated time pass for this node (no wall time)."""
         await sleep(self._clock, seconds)
 
     # -- messages ---------------------------------------------------------
@@ -289,6 +290,34 @@ class Node:
     def record(self, stream: str, **row: Any) -> None:
         """Append a row (tagged with round and node) to `<stream>.jsonl` in the run directory."""
         self._context.recorder.record(stream, {"round": self._round, "node": self.id, **row})
+
+    # -- checkpoints --------------------------------------------------------
+    def state(self, residents: list[int]) -> dict:
+        """Its part of a checkpoint, as plain data: its generators (None: not made yet), its handle count, what
+        it carries, and `residents`, the keys of its resident objects the checkpoint saved as tensors."""
+        generator = self._torch_generator
+        return {"rng": random_state(self._rng), "np_rng": numpy_state(self._np_rng),
+                "torch_generator": None if generator is None else generator.key,
+                "keys": self._context.compute.keys(self.id), "residents": residents,
+                "carried": None if self._carried is None else carried_bytes(self._carried)}
+
+    def load_state(self, state: dict) -> None:
+        """Put its generators and handle count back, once its protocol has set up; what it carries comes back
+        through carry(), its resident objects' tensors through the checkpoint. A torch generator not made yet
+        (made on first use) is made under its saved handle, for the checkpoint to fill."""
+        if state["rng"] is not None:
+            set_random_state(self.rng, state["rng"])
+        if state["np_rng"] is not None:
+            set_numpy_state(self.np_rng, state["np_rng"])
+        if state["torch_generator"] is not None and self._torch_generator is None:
+            self._keep_torch_generator(state["torch_generator"])
+        self._context.compute.set_keys(self.id, state["keys"])
+
+    def _keep_torch_generator(self, key: int) -> None:
+        import torch
+
+        self._context.compute.executor.keep(self.id, key, torch.Generator())
+        self._torch_generator = Resident(self.id, key)
 
 
 class _Awaited:

@@ -50,10 +50,19 @@ class RunInfo:
     state_in_process: bool = True  # nodes' models live in this process (False: on a cluster's workers)
 
     def write_json(self, name: str, obj: Any) -> None:
+        """Write `obj` as strict JSON to the file `name` of the run directory (partition.json, ...)."""
         (self.out_dir / name).write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")  # strict JSON
 
 
 class Protocol:
+    """A protocol: `run(node)` is what every node does, as a coroutine; the object is shared by all nodes.
+
+    Subclass it, set `Options` to a dataclass of the protocol's settings (each field becomes a flag
+    and a config key; its `help` metadata the flag's help), and register it with `@register(name)`.
+    `self.options` holds the options of the run and `self.run_info` what the protocol may know about
+    the run (a RunInfo). Set `checkpointable = True` once every node keeps what it carries between
+    rounds in `node.carry(...)`; then `--checkpoint-every` works.
+    """
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     # Whether each node keeps what it carries between rounds in node.carry(...) (then --checkpoint-every works).
@@ -63,6 +72,7 @@ class Protocol:
         self.options, self.run_info = options, run_info
 
     async def run(self, node: "Node") -> None:
+        """What one node does for the whole run: typically `async for rnd in node.rounds(): ...`."""
         raise NotImplementedError
 
     async def run_no_rounds(self, node: "Node") -> None:

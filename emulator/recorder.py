@@ -83,6 +83,19 @@ class Recorder:
         rows = (self.rows.get((rnd, node)) for node in range(self.num_nodes))
         return ({**row, **self.ledger.node_round(row["node"], rnd)} for row in rows if row is not None)
 
+    def state(self) -> dict:
+        """Its rows so far, each node's last finished round, the live nodes and its streams, as plain data."""
+        return {"rows": [[rnd, node, row] for (rnd, node), row in self.rows.items()],
+                "done_through": list(self.done_through), "alive": self.alive, "streams": dict(self.streams)}
+
+    def load_state(self, state: dict) -> None:
+        """Put state()'s data back (a resumed run, before any node starts)."""
+        self.rows = {(rnd, node): row for rnd, node, row in state["rows"]}
+        self.done_through[:] = state["done_through"]
+        self.alive = state["alive"]
+        self.streams.clear()
+        self.streams.update(state["streams"])
+
     def finish(self, now: float) -> list[dict]:
         """Rows in (round, node) order, with each node's ledger totals for the round.
 

@@ -7,6 +7,7 @@ how many other streams were drawn before it.
 """
 from __future__ import annotations
 
+import json
 import random
 import zlib
 
@@ -36,3 +37,32 @@ class Seeds:
     def integer(self, purpose: str, *key: int) -> int:
         """A 63-bit seed, for libraries that take an int (torch.manual_seed, networkx)."""
         return int(self.stream(purpose, *key).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+# -- a generator's state as plain data (msgpack-able), for checkpoints
+
+def random_state(rng: random.Random | None) -> list | None:
+    if rng is None:
+        return None
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_random_state(rng: random.Random, state: list) -> None:
+    rng.setstate((state[0], tuple(state[1]), state[2]))
+
+
+def numpy_state(generator: np.random.Generator | None) -> str | None:
+    """A numpy Generator's bit generator state, as JSON (its integers outgrow msgpack's 64 bits)."""
+    return None if generator is None else json.dumps(generator.bit_generator.state)
+
+
+def set_numpy_state(generator: np.random.Generator, state: str) -> None:
+    generator.bit_generator.state = json.loads(state)
+
+
+def numpy_generator(state: str) -> np.random.Generator:
+    """A numpy Generator in a saved state (the state is all of it: which stream it came from no longer matters)."""
+    generator = np.random.default_rng()
+    set_numpy_state(generator, state)
+    return generator

@@ -1,8 +1,10 @@
-"""SI units for durations and rates, and the `name:key=value,...` spec syntax."""
+"""SI units for durations, rates and sizes, and the one parser of `name:key=value,...` spec strings."""
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from typing import Any
 
 _NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-z/]*)\s*$")
 _DURATION = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
@@ -82,13 +84,50 @@ def probability(text: str | float) -> float:
     return value
 
 
-def spec(text: str) -> tuple[str, dict[str, str]]:
-    """'regular:d=4,seed=1' -> ('regular', {'d': '4', 'seed': '1'})."""
-    name, _, rest = str(text).partition(":")
-    params: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
+class SpecError(UnitError):
+    """A spec that does not read or whose keys do not fit.
+
+    `item` is an item that is not key=value, `missing` a required key left out; None where not the fault.
+    """
+
+    def __init__(self, message: str, *, item: str | None = None, missing: str | None = None):
+        super().__init__(message)
+        self.item, self.missing = item, missing
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A spec string read into its name (empty for a bare key=value list) and its items, in order."""
+    name: str
+    items: tuple[tuple[str, str], ...]
+
+    def keywords(self, required: tuple[str, ...] = (), optional: tuple[str, ...] = (), *,
+                 misfit: str) -> dict[str, str]:
+        """The items as {key: value}, in the spec's order.
+
+        A key neither required nor optional, a key given twice, or a required key left out
+        raises SpecError(misfit).
+        """
+        keys = [key for key, _ in self.items]
+        if not set(keys) <= {*required, *optional} or len(set(keys)) < len(keys):
+            raise SpecError(misfit)
+        missing = [key for key in required if key not in keys]
+        if missing:
+            raise SpecError(misfit, missing=missing[0])
+        return dict(self.items)
+
+
+def read(text: Any, named: bool = True, misread: str | None = None, separator: str = ",") -> Spec:
+    """'uniform:low=1,high=2' -> Spec('uniform', (('low', '1'), ('high', '2'))).
+
+    Not `named`, all of the text is items. Blank items are skipped; names, keys and values are stripped.
+    An item that is not key=value raises SpecError: `misread` where given, else one quoting the item.
+    """
+    name, _, rest = str(text).partition(":") if named else ("", "", str(text))
+    items = []
+    for item in filter(None, (part.strip() for part in rest.split(separator))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise UnitError(f"cannot read {item!r} in {text!r}: expected key=value")
-        params[key.strip()] = value.strip()
-    return name.strip(), params
+            raise SpecError(misread or f"cannot read {item!r} in {text!r}: expected key=value", item=item)
+        items.append((key.strip(), value.strip()))
+    return Spec(name.strip(), tuple(items))

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import protocols.mapl as mapl
-from p2p_emulator.analysis.rundir import load_run
+from p2p_emulator.analysis.rundir import read_run
 from p2p_emulator.cli import main as emulate
 
 ROWS = {  # name -> (classifier rows compared, only the node's own classes)
@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(tempfile.mkdtemp(prefix="mapl-similarity-"))
     calls = record(args.rounds, args.seed, out)
-    run = load_run(out)
+    run = read_run(out)
     held = {n["node"]: sorted(int(k) for k in n["train"]) for n in run.partition["nodes"]}
     print(f"digits, scenario 1, M = 10, {args.rounds} rounds, seed {args.seed}, graph steps from round "
           f"{args.rounds // 4}; within-cluster weight of the run itself: "

@@ -26,9 +26,9 @@ from emulator.units import UnitError
 
 from . import __version__
 from . import settings as cfg
-from .run import LateFailure, execute, out_dir
+from .runs import LateFailure, execute, out_dir
 
-SUBCOMMANDS = {"report": "p2p_emulator.analysis.report", "sweep": "p2p_emulator.sweep"}
+SUBCOMMANDS = {"report": "p2p_emulator.analysis.report", "sweep": "p2p_emulator.sweeps"}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import topologies
 from emulator import units
@@ -17,6 +17,7 @@ from emulator.dynamics import Churn, Crash, LinkFailures, Partition, Scenario
 from emulator.errors import UsageError
 from emulator.seeds import Seeds
 from topologies.files import numbered_lines
+
 
 
 class ScenarioError(UsageError):
@@ -31,21 +32,19 @@ def _off(text: Any) -> bool:
 
 
 def _params(text: str, flag: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, str]:
-    params = {}
-    for item in filter(None, (part.strip() for part in str(text).split(","))):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in required + optional or key in params:
-            raise ScenarioError(f"--{flag} {text!r}: expected {_syntax(required, optional)}")
-        params[key] = value.strip()
-    missing = [key for key in required if key not in params]
-    if missing:
-        raise ScenarioError(f"--{flag} {text!r}: missing {missing[0]}= (expected {_syntax(required, optional)})")
-    return params
+    syntax = ",".join(f"{k}=.." for k in required) + "".join(f"[,{k}=..]" for k in optional)
+    return _keywords(text, required, optional, f"--{flag} {text!r}: expected {syntax}",
+                     lambda key: f"--{flag} {text!r}: missing {key}= (expected {syntax})")
 
 
-def _syntax(required, optional) -> str:
-    return ",".join(f"{k}=.." for k in required) + "".join(f"[,{k}=..]" for k in optional)
+def _keywords(text: str, required: tuple[str, ...], optional: tuple[str, ...], usage: str,
+              missing: Callable[[str], str], separator: str = ",") -> dict[str, str]:
+    """A key=value list's items; a bad one is a ScenarioError saying `usage`, a required key left out `missing(key)`."""
+    try:
+        spec = units.read(text, named=False, misread=usage, separator=separator)
+        return spec.keywords(required, optional, misfit=usage)
+    except units.SpecError as exc:
+        raise ScenarioError(usage if exc.missing is None else missing(exc.missing)) from None
 
 
 def _period(text: str, flag: str, key: str) -> float:
@@ -100,15 +99,9 @@ def parse_partitions(text: str, n: int | None = None) -> tuple[Partition, ...]:
 
 def _partition(event: str, n: int | None) -> Partition:
     flag = f"--partition-event {event!r}"
-    fields = {}
-    for part in event.split(":"):
-        key, eq, value = part.partition("=")
-        key = key.strip()
-        if not eq or key not in ("t", "groups", "heal") or key in fields:
-            raise ScenarioError(f"{flag}: expected t=TIME:groups=A|B[:heal=TIME], e.g. t=100s:groups=0-4|5-9:heal=200s")
-        fields[key] = value.strip()
-    if "t" not in fields or "groups" not in fields:
-        raise ScenarioError(f"{flag}: needs t= and groups=")
+    fields = _keywords(event, ("t", "groups"), ("heal",),
+                       f"{flag}: expected t=TIME:groups=A|B[:heal=TIME], e.g. t=100s:groups=0-4|5-9:heal=200s",
+                       lambda key: f"{flag}: needs t= and groups=", separator=":")
     try:
         start = units.duration(fields["t"])
         heal = units.duration(fields["heal"]) if "heal" in fields else math.inf

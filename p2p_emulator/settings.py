@@ -1,10 +1,9 @@
 """Settings: the emulator's own (network, clock, compute, output), resolved once at the edge.
 
 `resolve` turns a mapping of settings (config file and flags, or `run(**settings)`)
-into a checked RunConfig and the protocol's options; the parsers here turn their
-strings into the objects the emulator is built from (latency and loss models,
-per-node capacities and slowdowns, the compute model). Nothing below p2p_emulator/ parses
-a setting.
+into a checked RunConfig and the protocol's options; the builders here make the
+emulator's objects from it (links, per-node capacities, the compute model), with
+the spec parsers of specs.py. Nothing below p2p_emulator/ parses a setting.
 """
 from __future__ import annotations
 
@@ -24,12 +23,11 @@ import yaml
 from emulator import units
 from emulator.compute import ComputeModel, physical_memory
 from emulator.errors import UsageError
-from emulator.adversaries import KINDS as ATTACKS
-from emulator.adversaries import AdversarySpec
-from emulator.links import Bernoulli, Corruption, Delay, GilbertElliott, LinkSpec
+from emulator.links import LinkSpec
 from emulator.seeds import Seeds
 
 from .scenario import check as check_dynamics
+from .specs import node_rates, parse_adversaries, parse_corrupt, parse_delay, parse_loss, slowdowns
 
 
 class ConfigError(UsageError):
@@ -365,75 +363,8 @@ def max_nodes() -> int:
     return physical_memory() // NODE_FLOOR_BYTES
 
 
-_DELAY_PARAMS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
-
-
-def parse_delay(text: str | float) -> Delay:
-    """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
-    if isinstance(text, (int, float)) or str(text).strip()[:1] in tuple("0123456789.-+"):
-        return Delay("constant", value=units.duration(text))
-    name, params = units.spec(text)
-    expected = _DELAY_PARAMS.get(name)
-    if expected is None:
-        raise units.UnitError(f"unknown latency model {name!r} (use a duration, uniform, normal or lognormal)")
-    if set(params) != set(expected):
-        raise units.UnitError(f"latency {text!r} needs exactly {', '.join(expected)}")
-    values = {k: (_sigma(text, v) if k == "sigma" else units.duration(v)) for k, v in params.items()}
-    return Delay(name, **values)
-
-
-def _sigma(text: str, value: str) -> float:
-    try:
-        sigma = float(value)
-    except ValueError:
-        sigma = math.nan
-    if not 0 <= sigma < math.inf:
-        raise units.UnitError(f"latency {text!r:.60}: sigma must be a finite number >= 0")
-    return sigma
-
-
-def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
-    """'0.01' (Bernoulli) or 'ge:p=0.01,r=0.3[,loss_good=0,loss_bad=1]'."""
-    if isinstance(text, (int, float)) or not str(text)[:1].isalpha():
-        return Bernoulli(units.probability(text))
-    name, params = units.spec(text)
-    if name not in ("ge", "gilbert-elliott"):
-        raise units.UnitError(f"unknown loss model {name!r} (use a probability or ge:p=..,r=..)")
-    allowed = {"p", "r", "loss_good", "loss_bad"}
-    if not {"p", "r"} <= set(params) <= allowed:
-        raise units.UnitError(f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
-    return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
-
-
-def parse_corrupt(text: str | float) -> Corruption:
-    """'0.01' (one bit flipped in that fraction of messages) or 'ber:1e-7' (each bit with that probability)."""
-    if isinstance(text, str) and text.strip().startswith("ber:"):
-        return Corruption(ber=units.probability(text.strip()[4:]))
-    return Corruption(p=units.probability(text))
-
-
-def parse_adversaries(text: str) -> AdversarySpec | None:
-    """'none', or 'fraction=0.1,kind=signflip' (kind noise takes noise:std=S)."""
-    if str(text).strip().lower() in ("none", "", "0"):
-        return None
-    fields = dict(item.strip().partition("=")[::2] for item in str(text).split(","))
-    kind, _, params = fields.pop("kind", "").partition(":")
-    if set(fields) != {"fraction"} or kind not in ATTACKS:
-        raise units.UnitError(f"adversaries {text!r:.60}: expected fraction=F,kind=K with K one of "
-                              f"{', '.join(ATTACKS)}")
-    std = 1.0
-    if params:
-        name, _, value = params.partition("=")
-        try:
-            std = float(value) if name == "std" and kind == "noise" else math.nan
-        except ValueError:
-            std = math.nan
-        if not 0 <= std < math.inf:
-            raise units.UnitError(f"adversaries {text!r:.60}: only noise takes a parameter, std=S (finite, >= 0)")
-    return AdversarySpec(units.probability(fields["fraction"]), kind, std)
-
-
 def link_spec(config: RunConfig) -> LinkSpec:
+    """Every link's latency, bandwidth, loss and corruption, as the flags give them."""
     return LinkSpec(parse_delay(config.latency), units.rate(config.bandwidth), parse_loss(config.loss),
                     parse_corrupt(config.corrupt))
 
@@ -481,55 +412,8 @@ def capacities(graph: nx.Graph, attribute: str, default: str, seeds: Seeds) -> l
     return rates
 
 
-def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[float, ...]:
-    """Per-node compute slowdown factors (1 = nominal speed), drawn reproducibly."""
-    name, params = units.spec(text)
-    try:
-        values = {k: float(v) for k, v in params.items()}
-    except ValueError:
-        raise units.UnitError(f"compute speed {text!r:.60}: parameters must be numbers") from None
-    if not all(math.isfinite(v) for v in values.values()):
-        raise units.UnitError(f"compute speed {text!r:.60}: parameters must be finite")
-    draws = {
-        "constant": lambda value=1.0: np.full(num_nodes, value),
-        "uniform": lambda low=1.0, high=2.0: rng.uniform(low, high, num_nodes),
-        "lognormal": lambda sigma=0.5: rng.lognormal(0.0, sigma, num_nodes),
-        "stragglers": lambda fraction=0.1, slowdown=5.0: np.where(rng.random(num_nodes) < fraction, slowdown, 1.0),
-    }
-    if name not in draws:
-        raise units.UnitError(f"unknown compute speed {name!r} (use {', '.join(draws)})")
-    try:
-        factors = draws[name](**values)
-    except TypeError:
-        raise units.UnitError(f"compute speed {text!r}: unknown parameter") from None
-    if not np.all(factors > 0):
-        raise units.UnitError(f"compute speed {text!r}: slowdowns must be positive")
-    return tuple(float(f) for f in factors)
-
-
-def node_rates(text: str | float, num_nodes: int, rng: np.random.Generator) -> list[float]:
-    """Per-node capacities in bit/s: one rate for all, or uniform/lognormal draws from rng."""
-    if isinstance(text, (int, float)) or ":" not in str(text):
-        return [units.rate(text)] * num_nodes
-    name, params = units.spec(text)
-    expected = {"uniform": ("low", "high"), "lognormal": ("median", "sigma")}.get(name)
-    if expected is None or set(params) != set(expected):
-        raise units.UnitError(f"capacity {text!r}: use a rate, uniform:low=..,high=.. or lognormal:median=..,sigma=..")
-    if name == "uniform":
-        low, high = units.rate(params["low"]), units.rate(params["high"])
-        if not high >= low or math.isinf(high):
-            raise units.UnitError(f"capacity {text!r}: need finite low <= high")
-        return [float(r) for r in rng.uniform(low, high, num_nodes)]
-    try:
-        sigma = float(params["sigma"])
-    except ValueError:
-        sigma = math.nan
-    if not sigma >= 0:
-        raise units.UnitError(f"capacity {text!r}: sigma must be a number >= 0")
-    return [float(r) for r in units.rate(params["median"]) * rng.lognormal(0.0, sigma, num_nodes)]
-
-
 def compute_model(config: RunConfig, num_nodes: int, seeds: Seeds) -> ComputeModel:
+    """How long compute takes on each node: the --compute-* flags, with slowdowns drawn from the seed."""
     return ComputeModel(config.compute_time, units.duration(config.compute_cost), config.compute_factor,
                         slowdowns(config.compute_speed, num_nodes, seeds.numpy("compute.speed")))
 

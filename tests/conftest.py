@@ -17,9 +17,9 @@ import networkx as nx
 import pytest
 import pytest_asyncio
 
-from p2p_emulator.run import build_emulation
+from p2p_emulator.build import build_emulation
 from p2p_emulator.settings import RunConfig
-from p2p_emulator.settings import parse_delay, parse_loss
+from p2p_emulator.specs import parse_delay, parse_loss
 from emulator.clock import VirtualClock
 from emulator.compute import Compute, ComputeModel, ThreadExecutor
 from emulator.emulation import Emulation

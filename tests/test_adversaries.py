@@ -103,7 +103,7 @@ DFEDAVGM = ["--protocol", "dfedavgm", "--dataset", "digits", "--partition", "iid
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_median_holds_where_the_mean_breaks(tmp_path, seed):
-    from p2p_emulator.analysis.rundir import load_run
+    from p2p_emulator.analysis.rundir import read_run
     from p2p_emulator.analysis.study import honest_acc
     from p2p_emulator.cli import main
 
@@ -111,5 +111,5 @@ def test_the_median_holds_where_the_mean_breaks(tmp_path, seed):
     for rule in ("mean", "median"):
         out = tmp_path / rule
         assert main([*DFEDAVGM, "--seed", str(seed), "--aggregate", rule, "--out", str(out)]) == 0
-        accuracy[rule] = honest_acc(load_run(out))
+        accuracy[rule] = honest_acc(read_run(out))
     assert accuracy["mean"] < 0.3 < 0.7 < accuracy["median"], accuracy

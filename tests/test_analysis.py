@@ -1,5 +1,6 @@
 """Plots of a run, `emulate report` and `emulate sweep` on small real runs."""
 import csv
+import functools
 import json
 import shutil
 import statistics
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
-from p2p_emulator import runners, sweep
-from p2p_emulator.analysis.plots import plot_run, snapshot_rounds
+from p2p_emulator import runners
+from p2p_emulator.analysis.plots import plot_run
 from p2p_emulator.cli import main
+from p2p_emulator.sweeps import flags
+from protocols.analysis.learned_graph import snapshot_rounds
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DFEDAVGM = ["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--dataset", "digits",
@@ -99,6 +102,47 @@ def test_missing_or_broken_optional_files_skip_only_their_plots(runs, tmp_path):
     with pytest.warns(UserWarning, match="graph.jsonl"):
         written = {p.name for p in plot_run(run)}
     assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png"}
+
+
+def test_an_installed_extension_adds_figures_and_measures_and_a_broken_one_costs_one_line(runs, tmp_path,
+                                                                                          monkeypatch):
+    from importlib import metadata
+
+    from p2p_emulator.analysis import extensions
+    from p2p_emulator.analysis.drawing import new_figure
+    from p2p_emulator.analysis.measures import Measure
+    from p2p_emulator.analysis.rundir import read_run
+    from p2p_emulator.analysis.study import parse_metric
+
+    def node_count_figures(run):
+        fig = new_figure()
+        fig.add_subplot().bar([0], [run.num_nodes])
+        yield "node_count.png", fig
+
+    third_party = extensions.Extension(figures=(node_count_figures,),
+                                       measures={"node_count": Measure(lambda run: run.num_nodes, "node_count")})
+    installed = [metadata.EntryPoint("broken", "not_installed:EXTENSION", extensions.GROUP),
+                 metadata.EntryPoint("counts", "counts:EXTENSION", extensions.GROUP)]
+
+    def load(entry):
+        if entry.name == "broken":
+            raise ModuleNotFoundError("No module named 'not_installed'")
+        return third_party
+
+    monkeypatch.setattr(metadata.EntryPoint, "load", load)
+    monkeypatch.setattr(extensions, "entry_points", lambda group: installed)
+    monkeypatch.setattr(extensions, "extensions", functools.cache(extensions.extensions.__wrapped__))
+    run = tmp_path / "run"
+    shutil.copytree(runs / "dfedavgm", run)
+    shutil.rmtree(run / "plots")
+    with pytest.warns(extensions.ExtensionWarning) as caught:
+        written = {p.name for p in plot_run(run)}
+    assert [str(w.message) for w in caught] == [
+        "analysis extension 'broken' (not_installed:EXTENSION) not loaded: "
+        "ModuleNotFoundError: No module named 'not_installed'"]
+    assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png",
+                       "link_bytes_matrix.png", "link_bytes_topology.png", "node_count.png"}
+    assert parse_metric("node_count", "grid.yaml").of(read_run(run)) == 4
 
 
 def test_report_on_two_runs_overlays_them_and_writes_the_table(runs, tmp_path, capsys):
@@ -206,7 +250,7 @@ def test_sweep_runs_what_is_not_finished_and_tabulates_over_seeds(tmp_path, monk
 
 
 def test_bool_settings_become_bare_flags():
-    assert sweep.flags({"protocol": "mapl", "mapl_no_cgl": True, "trace": False, "seed": 0}) == \
+    assert flags({"protocol": "mapl", "mapl_no_cgl": True, "trace": False, "seed": 0}) == \
         ["--protocol", "mapl", "--mapl-no-cgl", "--seed", "0"]
 
 
@@ -245,7 +289,7 @@ def test_ready_made_experiments_are_valid_grids():
 
 
 def test_a_sweeps_round_plot_joins_the_scored_rounds_of_eval_every():
-    from p2p_emulator.analysis.plots import over_runs
+    from p2p_emulator.analysis.study_plots import over_runs
     from p2p_emulator.analysis.rundir import Curves
 
     nan = float("nan")

@@ -34,6 +34,8 @@ FLAGS = {  # case: (base, flags, what the line must name)
     "compute factor inf": (GOSSIP, ["--compute-time", "measured", "--compute-factor", "inf"], "--compute-factor"),
     "weight decay negative": (DFEDAVGM, ["--weight-decay", "-1"], "--weight-decay"),
     "compute speed nan": (GOSSIP, ["--compute-speed", "uniform:low=nan,high=2"], "--compute-speed"),
+    "compute speed low above high": (GOSSIP, ["--compute-speed", "uniform:low=2,high=1"], "--compute-speed"),
+    "compute speed sigma negative": (GOSSIP, ["--compute-speed", "lognormal:sigma=-1"], "--compute-speed"),
     "seed beyond 64 bits": (DFEDAVGM, ["--seed", str(2**70)], "--seed"),
     "too many nodes": (GOSSIP, ["--nodes", "10000000"], "--nodes"),
     # 1,000 nodes of 65 MiB models (255 GiB): the same refusal as 100,000 small ones, without partitioning

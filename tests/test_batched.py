@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from p2p_emulator.run import run
+from p2p_emulator.runs import run
 from emulator.compute import ThreadExecutor
 from tests.conftest import assert_refused
 from p2p_emulator.workloads import batched

@@ -15,8 +15,11 @@ import yaml
 
 from p2p_emulator import runners
 from p2p_emulator.cli import main
-from p2p_emulator.run import run
+from p2p_emulator.runs import run
+from emulator.clock import VirtualClock
+from emulator.dynamics import Availability, Churn, Crash, Scenario
 from emulator.protocol import protocols
+from emulator.seeds import Seeds
 from protocols.dfedavgm import DFedAvgM
 from tests.conftest import assert_one_line_error, assert_refused
 
@@ -117,6 +120,25 @@ def test_every_k_rounds(every, tmp_path):
     resumed = _unfinished_copy(done, tmp_path / "resumed")
     assert main(["resume", str(resumed)]) == 0
     _same_run_directories(done, resumed)
+
+
+def test_the_availability_process_puts_its_own_pending_transitions_back_on_the_clock():
+    """Its state names its transitions still due (churn's with their generators); loaded into a fresh one on a
+    fresh clock, the same transitions are due there, and another object's event is left to that object."""
+    scenario = Scenario(num_nodes=6, churn=Churn(up=0.4, down=0.2), crash=Crash(fraction=0.5, time=3.0),
+                        outages=[(1, 0.5, 0.9)])
+    clock, fresh_clock = VirtualClock(), VirtualClock()
+    availability = Availability(scenario, [True] * 6, clock, Seeds(1))
+    availability.start()
+    clock.schedule(0.1, print)  # not the availability's
+    saved = availability.state()
+    fresh = Availability(scenario, [True] * 6, fresh_clock, Seeds(1))
+    fresh.load_state(saved)
+    assert {name for _, name, _ in saved["pending"]} == {"_down", "_up", "_churn_down", "_crash"}
+    assert fresh.state() == saved
+    assert len(fresh_clock.pending()) == len(clock.pending()) - 1
+    for each in (clock, fresh_clock):
+        each.loop.close()
 
 
 def _emulate(out: Path, *flags: str) -> subprocess.Popen:

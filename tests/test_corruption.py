@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p_emulator.cli import main
-from p2p_emulator.settings import parse_corrupt
+from p2p_emulator.specs import parse_corrupt
 from emulator import wire
 from emulator.units import UnitError
 from tests.conftest import emulate

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from p2p_emulator.cli import main
-from p2p_emulator.run import execute
+from p2p_emulator.runs import execute
 from p2p_emulator.settings import RunConfig
 from emulator import wire
 from protocols.dfedavgm import DFedAvgM, DFedAvgMOptions

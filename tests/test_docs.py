@@ -37,8 +37,8 @@ import pytest
 from p2p_emulator.analysis.output import ArgumentsError
 from p2p_emulator.analysis.report import parse as parse_report
 from p2p_emulator import cli
-from p2p_emulator.sweep import GridError, check_settings, load_grid, points
-from p2p_emulator.sweep import parse as parse_sweep
+from p2p_emulator.sweeps import GridError, check_settings, load_grid, points
+from p2p_emulator.sweeps import parse as parse_sweep
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator.units import UnitError
@@ -384,6 +384,15 @@ SNIPPETS = [(page, block) for page in PAGES for block in snippets(page.read_text
 @pytest.mark.parametrize("page,block", SNIPPETS, ids=[f"{_id(p)}:{b.line}" for p, b in SNIPPETS])
 def test_python_snippets_run(page, block, tmp_path):
     assert snippet_problem(page, block, tmp_path) is None
+
+
+def test_the_site_builds_strict_with_the_api_reference(tmp_path):
+    """mkdocs fails on a broken link or anchor, and mkdocstrings on an API name it cannot find."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = (tmp_path / "api" / "index.html").read_text()
+    assert all(f'id="{name}"' in reference for name in ("p2p_emulator.runs.run", "emulator.node.Node"))
 
 
 def test_readme_is_a_front_door():

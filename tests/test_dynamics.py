@@ -10,8 +10,8 @@ import pytest
 
 import topologies
 from emulator.compute import ThreadExecutor
+from p2p_emulator.build import build_emulation
 from p2p_emulator.cli import main
-from p2p_emulator.run import build_emulation
 from p2p_emulator.settings import RunConfig
 from emulator.network import NotNeighbourError
 from emulator.seeds import Seeds

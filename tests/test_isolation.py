@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 
 from emulator.compute import ThreadExecutor
-from p2p_emulator.run import build_emulation, build_topology
+from p2p_emulator.build import build_emulation, build_topology
 from p2p_emulator.settings import resolve
 from emulator.emulation import Emulation
 from emulator.node import Node

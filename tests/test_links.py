@@ -6,10 +6,10 @@ import networkx as nx
 import pytest
 
 from p2p_emulator.settings import RunConfig
-from p2p_emulator.settings import parse_delay, parse_loss
+from p2p_emulator.specs import parse_delay, parse_loss
 from emulator.links import Bernoulli, Capacity, GilbertElliott, Link, LinkSpec
 from emulator.seeds import Seeds
-from p2p_emulator.run import build_topology
+from p2p_emulator.build import build_topology
 from emulator.units import UnitError
 from tests.conftest import emulate
 

@@ -13,8 +13,9 @@ import json
 import pytest
 import torch
 
-from p2p_emulator.analysis.plots import cluster_similarity, plot_run
+from p2p_emulator.analysis.plots import plot_run
 from p2p_emulator.cli import main
+from protocols.analysis.learned_graph import cluster_similarity
 from protocols.mapl import classifier_similarity
 from tests.conftest import assert_one_line_error
 

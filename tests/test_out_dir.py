@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from p2p_emulator.analysis.rundir import load_run, read_jsonl
+from p2p_emulator.analysis.rundir import read_run, read_jsonl
 from p2p_emulator.cli import main
-from p2p_emulator.run import execute
+from p2p_emulator.runs import execute
 from p2p_emulator.settings import resolve
 from emulator.protocol import NoOptions, Protocol, protocols
 from tests.conftest import assert_one_line_error
@@ -64,7 +64,7 @@ class _Forked:
     """A run of the CLI's main in a process forked from a server that imported the emulator once: 0.15 s to
     the run's first file instead of 0.7 s for a fresh interpreter, which the 20 kills below pay each."""
     _context = multiprocessing.get_context("forkserver")
-    _context.set_forkserver_preload(["p2p_emulator.cli", "p2p_emulator.run"])
+    _context.set_forkserver_preload(["p2p_emulator.cli", "p2p_emulator.runs"])
 
     def __init__(self, flags: list):
         self.process = self._context.Process(target=main, args=([*map(str, flags)],), daemon=True)
@@ -101,7 +101,7 @@ def test_a_signal_ends_a_run_with_one_line_and_keeps_its_rounds(tmp_path, capsys
     assert run.returncode == status
     assert err.strip().splitlines() == [f"emulate: {said}; the run directory is incomplete"]
     assert not (out / "summary.json").exists()
-    kept = load_run(out, partial=True)
+    kept = read_run(out, partial=True)
     assert kept.summary["rounds_completed"] >= 1 and len(kept.metrics) == 2000 * kept.summary["rounds_completed"]
     assert sum(row["msgs_sent"] for row in kept.links) >= sum(row["msgs_sent"] for row in kept.metrics)
     assert main(["report", str(out), "--partial"]) == 0

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from p2p_emulator.analysis.rundir import sweep_contents
 from p2p_emulator import settings as cfg
 from p2p_emulator.cli import main
 from p2p_emulator.runners import InProcess, Resources, WorkerProcesses
-from p2p_emulator.sweep import load_grid, make_runner
+from p2p_emulator.sweeps import load_grid, make_runner
+from tests.run_dirs import sweep_contents
 
 # Two protocols, one with churn (nodes go down and come back), two seeds: 4 runs of a few seconds.
 GRID = {

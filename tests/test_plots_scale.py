@@ -6,8 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from p2p_emulator.analysis import plots
-from p2p_emulator.analysis.rundir import load_run, write_run_dir
+from p2p_emulator.analysis import drawing, plots
+from p2p_emulator.analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer, read_run
 
 ROUNDS = 4
 
@@ -47,17 +47,20 @@ def _run_dir(path, n: int, metric: str = "test_acc", silent: set = frozenset(), 
     path.mkdir()
     availability = [{"node": i, "t_down": 0.005 * (i % 7), "t_up": None if i % 11 == 0 else 0.03}
                     for i in range(0, n, 3)]
-    write_run_dir(path, settings={"protocol": "mapl", "topology": "ring", "nodes": n},
-                  rows=_metric_rows(n, metric, silent, blank), links=_links(n),
-                  summary={"nodes": n, "emulated_seconds": 0.04, "final": {}},
-                  availability=availability, streams={"graph": _graph(n)})
+    writer = RunDirWriter(path)
+    writer.config({"protocol": "mapl", "topology": "ring", "nodes": n})
+    writer.jsonl("metrics.jsonl", _metric_rows(n, metric, silent, blank))
+    writer.replace("links.csv", csv_writer(LINK_COLUMNS, ([link[c] for c in LINK_COLUMNS] for link in _links(n))))
+    writer.jsonl("availability.jsonl", availability)
+    writer.jsonl("graph.jsonl", _graph(n))
+    writer.finish({"nodes": n, "emulated_seconds": 0.04, "final": {}})
     (path / "partition.json").write_text(json.dumps({"nodes": [{"node": i, "cluster": i % 2} for i in range(n)]}))
     return path
 
 
 def _figures(path) -> dict:
-    run = load_run(path)
-    return {name: fig for figures in plots.PLOTS for name, fig in figures(run)}
+    run = read_run(path)
+    return {name: fig for figures in plots.figure_makers() for name, fig in figures(run)}
 
 
 def _artists(fig) -> int:
@@ -79,7 +82,7 @@ def test_artists_and_arrays_do_not_grow_with_the_node_count(tmp_path):
 
 
 def test_up_to_max_node_lines_every_node_is_drawn(tmp_path):
-    n = plots.MAX_NODE_LINES
+    n = drawing.MAX_NODE_LINES
     (collection,) = _figures(_run_dir(tmp_path / "run", n))["test_acc_vs_round.png"].axes[0].collections[:1]
     assert len(collection.get_segments()) == n
 
@@ -89,13 +92,13 @@ def test_the_worst_nodes_are_named(tmp_path, metric, silent, expected):
     """Lowest accuracy (node 0 never reports one: not ranked), highest error."""
     fig = _figures(_run_dir(tmp_path / "run", 500, metric, silent))[f"{metric}_vs_round.png"]
     labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
-    assert labels == [plots.SPREAD[True], *(f"worst: node {i}" for i in expected)]
+    assert labels == [drawing.SPREAD[True], *(f"worst: node {i}" for i in expected)]
 
 
 def test_binned_link_matrix_keeps_every_byte(tmp_path):
     n = 1000
     image = _figures(_run_dir(tmp_path / "run", n))["link_bytes_matrix.png"].axes[0].images[0].get_array()
-    assert image.shape == (plots.MAX_MATRIX_SIDE, plots.MAX_MATRIX_SIDE)
+    assert image.shape == (drawing.MAX_MATRIX_SIDE, drawing.MAX_MATRIX_SIDE)
     assert image.sum() == sum(link["bytes_sent"] for link in _links(n))
     assert image.mask.any()  # blocks far off the ring's diagonal have no link
 
@@ -113,7 +116,7 @@ def test_silent_nodes_plot_without_a_warning(tmp_path, n):
 def test_overlay_artists_do_not_grow_with_the_node_count(tmp_path):
     counts = []
     for n in (50, 500):
-        runs = [load_run(_run_dir(tmp_path / f"{metric}{n}", n, metric)) for metric in ("test_acc", "error")]
+        runs = [read_run(_run_dir(tmp_path / f"{metric}{n}", n, metric)) for metric in ("test_acc", "error")]
         counts.append({name: _artists(fig) for name, fig in plots.overlay_figures(runs)})
     assert counts[0] == counts[1] and len(counts[0]) == 6
 

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from p2p_emulator.cli import main
-from p2p_emulator.run import run
+from p2p_emulator.runs import run
 from tests.conftest import assert_one_line_error
 
 # Under xdist the module runs on one worker: its runs join the module's one local Ray (the bad flags that reach

@@ -6,7 +6,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from emulator import ray_executor  # noqa: E402
-from p2p_emulator.analysis.rundir import sweep_contents  # noqa: E402
+from tests.run_dirs import sweep_contents  # noqa: E402
 from tests.test_parallel_sweeps import GRID, sweep_in, write_grid  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")

@@ -3,7 +3,7 @@ import json
 import math
 from pathlib import Path
 
-from p2p_emulator.analysis.rundir import RunDirWriter, load_run
+from p2p_emulator.analysis.rundir import RunDirWriter, read_run
 
 
 def strict(text: str):
@@ -31,7 +31,7 @@ def test_non_finite_values_are_written_as_null_and_counted(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["non_finite_as_null"] == {"metrics.jsonl": {"loss": 1, "w": 1}, "graph.jsonl": {"weights": 1},
                                              "summary.json": {"extra": 1}}
-    run = load_run(tmp_path)
+    run = read_run(tmp_path)
     assert math.isnan(run.curves("loss").values[0, 0]) and run.curves("loss").values[1, 0] == 0.5
 
 

@@ -82,5 +82,5 @@ def test_topologies_and_workloads_use_only_the_emulators_errors_and_units():
 def test_the_checker_sees_imports():
     # A test that cannot fail is a defect: the graph must hold the edges the code has.
     graph = _graph()
-    assert graph.has_edge("p2p_emulator.run", "emulator.emulation") and graph.has_edge("p2p_emulator.cli", "p2p_emulator.run")
+    assert graph.has_edge("p2p_emulator.runs", "emulator.emulation") and graph.has_edge("p2p_emulator.cli", "p2p_emulator.runs")
     assert graph.has_edge("protocols.dfedavgm", "emulator.protocol")

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from p2p_emulator.analysis.plots import pareto_front
+from p2p_emulator.analysis.study_plots import pareto_front
 from p2p_emulator.analysis.study import StudyError, parse_table, tabulate
 from p2p_emulator.cli import main
-from p2p_emulator.sweep import GridError, axis_labels, check_settings, load_grid, points, study_runs
+from p2p_emulator.sweeps import GridError, axis_labels, check_settings, load_grid, points, study_runs
 
 QUIET = Console(file=io.StringIO())
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"

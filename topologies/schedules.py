@@ -12,6 +12,8 @@ import warnings
 import networkx as nx
 import numpy as np
 
+from emulator import units
+
 from . import files
 from .errors import TopologyError, TopologyWarning
 from .graphs import TOPOLOGIES
@@ -118,8 +120,17 @@ def schedule(spec: str, topology: str, n: int, seed: int):
     if files.looks_like_path(spec):
         return FromFile(spec)
     if name.lower() == "resample":
-        key, _, value = rest.partition("=")
-        if key.strip() != "every" or not value.strip().isdigit():
-            raise TopologyError(f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}")
-        return Resampled(topology, n, seed, int(value))
+        return Resampled(topology, n, seed, _rounds_per_draw(rest, spec))
     raise TopologyError(f"unknown schedule {spec!r}; use one of {', '.join(SCHEDULES)}")
+
+
+def _rounds_per_draw(options: str, spec: str) -> int:
+    """The K of resample:every=K, read from `options`, the text after the colon."""
+    usage = f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}"
+    try:
+        every = units.read(options, named=False).keywords(("every",), misfit=usage)["every"]
+    except units.SpecError:
+        raise TopologyError(usage) from None
+    if not every.isdigit():
+        raise TopologyError(usage)
+    return int(every)

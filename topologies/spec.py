@@ -7,6 +7,8 @@ import warnings
 
 import networkx as nx
 
+from emulator import units
+
 from . import files
 from .errors import TopologyError, TopologyWarning
 from .graphs import NAMES, TOPOLOGIES
@@ -30,17 +32,22 @@ def build(spec: str, n: int | None, seed: int) -> nx.Graph:
 
 def parse(spec: str) -> tuple[str, dict[str, int | float | str]]:
     """'ws:k=4,p=0.1' -> ('ws', {'k': 4, 'p': 0.1})."""
-    name, _, rest = spec.partition(":")
+    try:
+        parsed = units.read(spec)
+    except units.SpecError as exc:
+        raise _bad_parameter(exc.item, spec) from None
     params = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not (key and sep and value.strip()):
-            raise TopologyError(f"bad parameter {item!r} in {spec!r}: expected key=value")
+    for key, value in parsed.items:
+        if not value:
+            raise _bad_parameter(f"{key}=", spec)
         if key in params:
             raise TopologyError(f"parameter {key!r} given twice in {spec!r}")
-        params[key] = parse_value(value.strip())
-    return name.strip().lower(), params
+        params[key] = parse_value(value)
+    return parsed.name.lower(), params
+
+
+def _bad_parameter(item: str, spec: str) -> TopologyError:
+    return TopologyError(f"bad parameter {item!r} in {spec!r}: expected key=value")
 
 
 def describe(graph: nx.Graph) -> str:

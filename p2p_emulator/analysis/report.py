@@ -16,7 +16,7 @@ from pathlib import Path
 from .output import (ArgumentsError, Parser, fail, human_bytes, mean_std, metric_header, metric_value, rich_table,
                      stdout_console, write_table)
 from .plots import overlay_plots, plot_run
-from .rundir import Run, RunDirError, load_run
+from .rundir import Run, RunDirError, read_run
 
 PROG = "emulate report"
 HEADERS = ["run", "protocol", "topology", "scenario", "metric", "final mean ± std", "worst 10%",
@@ -59,6 +59,28 @@ def parse(argv: list[str]):
     return parser.parse_args(argv)
 
 
+def report(run_dirs: list[str | Path], out: str | Path = "report", partial: bool = False) -> list[Path]:
+    """Plots and a comparison table of finished runs, as `emulate report` writes them; the paths written.
+
+    One run: its plots are drawn again under RUN_DIR/plots. Several: their curves are overlaid in
+    `out`, with comparison.md and comparison.csv. A run directory that is missing, corrupt or
+    unfinished (unless `partial`) raises RunDirError naming it, before anything is written.
+    """
+    runs = [read_run(path, partial) for path in run_dirs]
+    return _write(runs, Path(out), partial, alone=len(runs) == 1)[0]
+
+
+def _write(runs: list[Run], out: Path, partial: bool, alone: bool) -> tuple[list[Path], str, list[list[str]]]:
+    """What report writes for these runs (`alone`: one run was asked for): the paths, and the table's title
+    and rows for the console."""
+    if alone:
+        return plot_run(runs[0].path, partial), f"run {runs[0].name}", comparison(runs)[0]
+    out.mkdir(parents=True, exist_ok=True)
+    written = overlay_plots(runs, out)
+    shown, tables = write_comparison(runs, out / "comparison")
+    return written + tables, f"{len(runs)} runs", shown
+
+
 def main(argv: list[str]) -> int:
     try:
         args = parse(argv)
@@ -66,24 +88,15 @@ def main(argv: list[str]) -> int:
         fail(PROG, str(exc))
         return 2
     runs = []
-    for path in args.runs:
+    for path in args.runs:  # every readable run is still reported: each bad one is named in one line
         try:
-            runs.append(load_run(path, args.partial))
+            runs.append(read_run(path, args.partial))
         except RunDirError as exc:
             fail(PROG, str(exc))
     console = stdout_console()
-    if len(args.runs) == 1 and runs:
-        written = plot_run(runs[0].path, args.partial)
-        console.print(rich_table(f"run {runs[0].name}", HEADERS, comparison(runs)[0], right_from=5))
-    elif runs:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        written = overlay_plots(runs, out)
-        shown, tables = write_comparison(runs, out / "comparison")
-        written += tables
-        console.print(rich_table(f"{len(runs)} runs", HEADERS, shown, right_from=5))
-    else:
-        written = []
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
+    if runs:
+        written, title, shown = _write(runs, Path(args.out), args.partial, alone=len(args.runs) == 1)
+        console.print(rich_table(title, HEADERS, shown, right_from=5))
+        for path in written:
+            console.print(f"wrote {path}", highlight=False)
     return 0 if len(runs) == len(args.runs) else 2

@@ -1,8 +1,8 @@
-"""The run directory: its files and columns, written by p2p_emulator.run and read by analysis.
+"""The run directory: its files and columns, written by p2p_emulator.runs and read by analysis.
 
 A run writes its directory as it goes with `RunDirWriter` (summary.json last:
 without it a run directory is incomplete); `final_metrics` is the one definition
-of summary.json's "final" entry. `load_run` checks the three files every finished
+of summary.json's "final" entry. `read_run` checks the three files every finished
 run has (config.yaml, summary.json, metrics.jsonl) and raises RunDirError with one
 line naming the problem, or, with `partial`, reads an incomplete run's rounds; the
 optional files (links.csv, graph.jsonl, availability.jsonl) are read on demand and
@@ -43,13 +43,6 @@ class RunDirError(Exception):
 
 
 # -- writing ----------------------------------------------------------------------
-
-def _cells(row: dict, columns: tuple[str, ...]) -> list:
-    """The row's values in column order; a row with other columns fails loudly."""
-    if len(row) != len(columns):
-        raise ValueError(f"row has columns {sorted(row)}, expected {list(columns)}")
-    return [row[column] for column in columns]
-
 
 def final_metrics(rows: list[dict]) -> dict[str, float]:
     """Each numeric metric's mean at the last round, over the nodes that report a finite value.
@@ -201,28 +194,13 @@ class RunDirWriter:
         self.replace("summary.json", lambda fh: fh.write(pretty + "\n"))
 
 
-def csv_writer(columns: tuple[str, ...], rows: Iterable, by_name: bool = True) -> Callable[[TextIO], None]:
-    """Write rows under columns: dicts by column name, or (by_name=False) lists already in column order."""
+def csv_writer(columns: tuple[str, ...], rows: Iterable[list]) -> Callable[[TextIO], None]:
+    """Write rows, lists already in column order, under columns."""
     def write(fh: TextIO) -> None:
         writer = csv.writer(fh)
         writer.writerow(columns)
-        # 400,000 links: DictWriter's checks take seconds
-        writer.writerows((_cells(row, columns) for row in rows) if by_name else rows)
+        writer.writerows(rows)  # lists, not dicts: DictWriter's checks take seconds over 400,000 links
     return write
-
-
-def write_run_dir(out_dir: Path, *, settings: dict, rows: list[dict], links: Iterable[dict], summary: dict,
-                  trace: Iterable[dict] | None = None, availability: list[dict] | None = None,
-                  streams: dict[str, list[dict]] | None = None) -> None:
-    """A finished run's directory in one go (a run streams its own with RunDirWriter)."""
-    writer = RunDirWriter(out_dir)
-    writer.config(settings)
-    writer.jsonl("metrics.jsonl", rows)
-    writer.replace("links.csv", csv_writer(LINK_COLUMNS, links))
-    for name, file_rows in {"messages": trace, "availability": availability, **(streams or {})}.items():
-        if file_rows is not None:
-            writer.jsonl(f"{name}.jsonl", file_rows)
-    writer.finish(summary)
 
 
 # -- reading ----------------------------------------------------------------------
@@ -293,22 +271,6 @@ def rounds_closed(path: Path) -> int:
         return 1 + json.loads(lines[-1])["round"] if lines else 0
     except (OSError, ValueError, KeyError, TypeError):  # not started, or a row cut by the 8 kB window
         return 0
-
-
-MEASURED = ("wall_seconds", "executor")  # summary.json entries that measure the machine, not the run
-
-
-def sweep_contents(folder: Path) -> dict[str, bytes]:
-    """Every file of every run directory in a sweep's folder, summary.json without MEASURED: equal for the
-    same runs wherever and however they ran."""
-    files = {}
-    for path in sorted(Path(folder).glob("*=*/**/*")):
-        if path.is_file():
-            data = path.read_bytes()
-            if path.name == "summary.json":
-                data = json.dumps({k: v for k, v in json.loads(data).items() if k not in MEASURED}).encode()
-            files[str(path.relative_to(folder))] = data
-    return files
 
 
 def _number(value) -> float:
@@ -401,19 +363,23 @@ class Run:
 
     @property
     def protocol(self) -> str:
+        """The protocol's name (config.yaml's, else summary.json's)."""
         return str(self.config.get("protocol", self.summary.get("protocol", "?")))
 
     @property
     def topology(self) -> str:
+        """The topology as given (--topology), or the schedule that replaced it."""
         return str(self.config.get("topology", self.summary.get("topology", "?")))
 
     @property
     def num_nodes(self) -> int:
+        """How many nodes the run had (summary.json's count, or the largest node id in its rows + 1)."""
         ids = [r["node"] + 1 for r in self.metrics]
         return max([int(self.summary.get("nodes") or 0), *ids, 0])
 
     @property
     def scenario(self) -> str:
+        """The settings that made the network change (churn, loss, ...), as key=value, comma-separated."""
         parts = [f"{key}={self.config[key]}" for key, plain in SCENARIO_KEYS.items()
                  if key in self.config and self.config[key] not in plain]
         return ", ".join(parts)
@@ -428,6 +394,8 @@ class Run:
         return min(logged) if logged else None
 
     def curves(self, metric: str | None = None) -> Curves | None:
+        """`metric` (default: the main metric) per node per round, with times and cumulative bytes; None
+        when the run logged none."""
         metric = metric or self.main_metric
         if metric is None or not self.metrics:
             return None
@@ -482,18 +450,21 @@ class Run:
 
     @property
     def total_bytes(self) -> float:
+        """Bytes sent by all nodes over the run (summary.json's bytes_total)."""
         return _number(self.summary.get("bytes_total"))
 
     @property
     def emulated_seconds(self) -> float:
+        """The emulated time the run took."""
         return _number(self.summary.get("emulated_seconds"))
 
     @property
     def wall_seconds(self) -> float:
+        """The wall time the run took (NaN for an incomplete run)."""
         return _number(self.summary.get("wall_seconds"))
 
 
-def load_run(path: Path | str, partial: bool = False) -> Run:
+def read_run(path: Path | str, partial: bool = False) -> Run:
     """The run at `path`; RunDirError (one line) when it is missing, corrupt, or unfinished (unless `partial`)."""
     try:
         return Run(Path(path), partial)

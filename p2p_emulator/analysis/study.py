@@ -18,8 +18,9 @@ The `table:` section (every key optional):
 A cell is the mean ± std over the runs that share its row and column (the other axes,
 typically seed). A metric is a key of summary.json, its "final" entry first (test_acc:
 the mean over nodes at the last round) and then the top level (bytes_total,
-route_agreement, task_identification, ...), or a measure of MEASURES, some with arguments
-after colons (bytes_per_round:5-9, client_acc:0). plots/ gets, per metric the runs log
+route_agreement, task_identification, ...), or a measure: one of MEASURES or an installed
+analysis extension's (extensions.py), some with arguments after colons (bytes_per_round:5-9,
+client_acc:0). plots/ gets, per metric the runs log
 as their main one, `<metric>_by_round.png` (a panel per column, a line per row: the
 mean over the cell's runs of the mean over nodes, with a ± std band over those runs) and
 `<metric>_frontier.png` (each run's final value against its total bytes, a colour per
@@ -27,22 +28,23 @@ row, the Pareto front drawn).
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 from rich.console import Console
 
+from .extensions import extension_measures
+from .measures import ROUND, Measure, per, round_or_last, round_range, whole_number
 from .output import mean_std, metric_header, rich_table, write_table
-from .plots import study_plots, utility_matrices
 from .report import write_comparison
-from .rundir import Curves, Run, RunDirError, higher_is_better, is_finished, load_run
+from .rundir import Curves, Run, RunDirError, higher_is_better, is_finished, read_run
+from .study_plots import study_plots
 
 TABLE_KEYS = ("rows", "columns", "metric", "relative_to", "target", "target_metric")
 
@@ -51,11 +53,7 @@ class StudyError(Exception):
     """A bad `table:` section or an unreadable run (one line for the user)."""
 
 
-# -- measures: numbers a run directory gives beyond summary.json ------------------------------------
-
-
-def _per(total: float, count: float) -> float:
-    return total / count if count else math.nan
+# -- the built-in measures: numbers a run directory gives beyond summary.json ------------------------------------
 
 
 def summary_value(run: Run, key: str) -> float:
@@ -72,7 +70,7 @@ def _round_rows(run: Run, rnd: int | None) -> list[dict]:
 
 def bytes_per_round(run: Run, rounds: range | None = None) -> float:
     if rounds is None:
-        return _per(summary_value(run, "bytes_total"), summary_value(run, "rounds"))
+        return per(summary_value(run, "bytes_total"), summary_value(run, "rounds"))
     return sum(row.get("bytes_sent", 0) for row in run.metrics if row["round"] in rounds) / len(rounds)
 
 
@@ -84,16 +82,16 @@ def params_sent(run: Run, rounds: range | None = None) -> float:
 
 
 def messages_per_round(run: Run) -> float:
-    return _per(summary_value(run, "messages_total"), summary_value(run, "rounds"))
+    return per(summary_value(run, "messages_total"), summary_value(run, "rounds"))
 
 
 def bytes_per_node(run: Run) -> float:
-    return _per(summary_value(run, "bytes_total"), summary_value(run, "nodes"))
+    return per(summary_value(run, "bytes_total"), summary_value(run, "nodes"))
 
 
 def bytes_per_message(run: Run, rnd: int | None) -> float:
     rows = _round_rows(run, rnd)
-    return _per(sum(row.get("bytes_sent", 0) for row in rows), sum(row.get("msgs_sent", 0) for row in rows))
+    return per(sum(row.get("bytes_sent", 0) for row in rows), sum(row.get("msgs_sent", 0) for row in rows))
 
 
 def _accuracies(run: Run) -> dict[int, float]:
@@ -116,134 +114,26 @@ def offline_share(run: Run) -> float:
     end = run.emulated_seconds
     down = sum(min(end, end if spell.get("t_up") is None else spell["t_up"]) - min(end, spell["t_down"])
                for spell in run.stream("availability") or ())
-    return _per(down, run.num_nodes * end)
+    return per(down, run.num_nodes * end)
 
 
-def task_identified_round(run: Run, share: float) -> float:
-    """The first round in which `share` of the nodes weigh their same-task peers (partition clusters) above every
-    other neighbour (graph.jsonl)."""
-    clusters, rows = run.clusters, run.stream("graph")
-    if not clusters or not rows:
-        return math.nan
-    hits: dict[int, list[bool]] = {}
-    for row in rows:
-        node, weights = row["node"], {int(j): w for j, w in row["weights"].items()}
-        others = [j for j in weights if j != node]
-        peers = {j for j in others if clusters.get(j) == clusters[node]}
-        top = heapq.nlargest(len(peers), others, key=weights.get)
-        hits.setdefault(row["round"], []).append(set(top) == peers)
-    return next((float(rnd) for rnd, found in sorted(hits.items()) if statistics.fmean(found) >= share), math.nan)
-
-
-def _utility(run: Run, rnd: int | None) -> tuple[np.ndarray, list[int]] | None:
-    """FedLinked's A over the clients in round `rnd` (None: the last), A[j, k] = A_kj, clients in id order, and each
-    client's group (client p holds partition part p); None without utility.jsonl, clusters or that round."""
-    rows, clusters = run.stream("utility"), run.clusters
-    if not rows or not clusters:
-        return None
-    clients = sorted({int(row["client"]) for row in rows})
-    n = 1 + max([*clients, *(int(k) for row in rows for k in row["utility"])])
-    matrices = utility_matrices(rows, n)
-    rnd = max(matrices) if rnd is None else rnd
-    if rnd not in matrices:
-        return None
-    return matrices[rnd][np.ix_(clients, clients)], [clusters.get(p) for p in range(len(clients))]
-
-
-def related_pair_first(run: Run, rnd: int | None) -> float:
-    """1 if the pair of clients with the largest A_kj + A_jk is one group's, else 0."""
-    found = _utility(run, rnd)
-    if found is None:
-        return math.nan
-    a, group = found
-    j, k = max(itertools.combinations(range(len(group)), 2), key=lambda pair: a[pair] + a[pair[::-1]])
-    return float(group[j] == group[k])
-
-
-def group_mate_first(run: Run, rnd: int | None) -> float:
-    """The share of clients whose highest A_kj is a member of their own group."""
-    found = _utility(run, rnd)
-    if found is None:
-        return math.nan
-    a, group = found
-    heard = [j for j in range(len(group)) if np.isfinite(a[j]).any()]
-    return _per(sum(group[int(np.nanargmax(a[j]))] == group[j] for j in heard), len(heard))
-
-
-def _utility_mean(run: Run, rnd: int | None, within: bool) -> float:
-    found = _utility(run, rnd)
-    if found is None:
-        return math.nan
-    a, group = found
-    values = [a[j, k] for j, k in itertools.permutations(range(len(group)), 2)
-              if (group[j] == group[k]) == within and np.isfinite(a[j, k])]
-    return statistics.fmean(values) if values else math.nan
-
-
-def utility(run: Run, rnd: int | None, j: int, k: int) -> float:
-    found = _utility(run, rnd)
-    return float(found[0][j, k]) if found and max(j, k) < len(found[1]) and j != k else math.nan
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _round(text: str) -> int | None:
-    return None if text == "last" else _count(text)
-
-
-def _rounds(text: str) -> range:
-    first, last = (_count(part) for part in text.split("-"))  # ValueError unless two counts
-    if last < first:
-        raise ValueError(text)
-    return range(first, last + 1)
-
-
-def _share(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise ValueError(text)
-    return value
-
-
-@dataclass(frozen=True)
-class Measure:
-    """A number per run, read from its directory; `usage` shows its arguments (after colons)."""
-    compute: Callable[..., float]
-    usage: str
-    arguments: tuple[Callable[[str], Any], ...] = ()
-    optional: int = 0      # how many of the last arguments may be left out
-    counted: bool = False  # 1 or 0 per run: a cell shows for how many of its runs it holds
-
-
-ROUND = "ROUND a round number or last"
 MEASURES = {
     "bytes_per_round": Measure(bytes_per_round, "bytes_per_round or bytes_per_round:FIRST-LAST (rounds, inclusive)",
-                               (_rounds,), optional=1),
-    "params_sent": Measure(params_sent, "params_sent or params_sent:FIRST-LAST (rounds, inclusive)", (_rounds,),
+                               (round_range,), optional=1),
+    "params_sent": Measure(params_sent, "params_sent or params_sent:FIRST-LAST (rounds, inclusive)", (round_range,),
                            optional=1),
     "messages_per_round": Measure(messages_per_round, "messages_per_round"),
     "bytes_per_node": Measure(bytes_per_node, "bytes_per_node"),
-    "bytes_per_message": Measure(bytes_per_message, f"bytes_per_message:ROUND ({ROUND})", (_round,)),
+    "bytes_per_message": Measure(bytes_per_message, f"bytes_per_message:ROUND ({ROUND})", (round_or_last,)),
     "honest_acc": Measure(honest_acc, "honest_acc"),
-    "client_acc": Measure(client_acc, "client_acc:K (K from 0: the K-th node reporting test_acc)", (_count,)),
+    "client_acc": Measure(client_acc, "client_acc:K (K from 0: the K-th node reporting test_acc)", (whole_number,)),
     "offline_share": Measure(offline_share, "offline_share"),
-    "task_identified_round": Measure(task_identified_round, "task_identified_round:SHARE (0 < SHARE <= 1)",
-                                     (_share,)),
-    "related_pair_first": Measure(related_pair_first, f"related_pair_first:ROUND ({ROUND})", (_round,),
-                                  counted=True),
-    "group_mate_first": Measure(group_mate_first, f"group_mate_first:ROUND ({ROUND})", (_round,)),
-    "utility_within": Measure(lambda run, rnd: _utility_mean(run, rnd, True), f"utility_within:ROUND ({ROUND})",
-                              (_round,)),
-    "utility_across": Measure(lambda run, rnd: _utility_mean(run, rnd, False), f"utility_across:ROUND ({ROUND})",
-                              (_round,)),
-    "utility": Measure(utility, f"utility:ROUND:J:K (A_kj of clients J and K from 0; {ROUND})",
-                       (_round, _count, _count)),
 }
+
+
+def measures() -> dict[str, Measure]:
+    """Every measure a table may name: the built-in ones, then the installed extensions' (a built-in name wins)."""
+    return MEASURES | {name: measure for name, measure in extension_measures().items() if name not in MEASURES}
 
 
 @dataclass(frozen=True)
@@ -267,10 +157,11 @@ def parse_metric(text, where: str) -> Metric:
     if not isinstance(text, str) or not text:
         raise StudyError(f"{where}: table: metric must be a name or a list of names")
     name, *given = text.split(":")
-    measure = MEASURES.get(name)
+    known = measures()
+    measure = known.get(name)
     if measure is None:
         if given:
-            raise StudyError(f"{where}: table: metric {text!r}: no measure {name!r} (measures: {', '.join(MEASURES)})")
+            raise StudyError(f"{where}: table: metric {text!r}: no measure {name!r} (measures: {', '.join(known)})")
         return Metric(text)
     if not len(measure.arguments) - measure.optional <= len(given) <= len(measure.arguments):
         raise StudyError(f"{where}: table: metric {text!r}: expected {measure.usage}")
@@ -416,7 +307,7 @@ class Study:
 
 def _load(path: Path) -> Run:
     try:
-        return load_run(path)
+        return read_run(path)
     except RunDirError as exc:
         raise StudyError(str(exc)) from None
 
@@ -452,7 +343,7 @@ def metric_column(study: Study, metric: Metric, column: str | None, header: str,
 def ratio_column(study: Study, metric: Metric, reference: str, column: str | None, header: str) -> Column:
     """The cell's mean over the reference row's, in the same column."""
     def cell(row: Row) -> tuple[str, list]:
-        ratio = _per(_mean(study.of(metric, row, column)), _mean(study.of(metric, (reference,), column)))
+        ratio = per(_mean(study.of(metric, row, column)), _mean(study.of(metric, (reference,), column)))
         return ("—" if math.isnan(ratio) else f"{ratio:.3g}"), [ratio]
     return Column(header, (header,), cell)
 

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from emulator.units import SpecError, read
+
 PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked")
 
 # Per partition: option -> (type, default).
@@ -158,23 +160,33 @@ def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int,
 
 
 def parse_partition(spec: str) -> tuple[str, dict]:
-    """'dirichlet:alpha=0.5' -> ('dirichlet', {'alpha': 0.5, ...}) with the defaults filled in."""
+    """'dirichlet:alpha=0.5' -> ('dirichlet', {'alpha': 0.5, ...}) with the defaults filled in.
+
+    An option given twice takes its last value.
+    """
     name, _, rest = spec.strip().partition(":")
     if name not in _OPTIONS:
         raise PartitionError(f"unknown partition {name!r} in {spec!r}; choose from {', '.join(PARTITIONS)}")
     allowed = _OPTIONS[name]
+    try:
+        items = read(rest, named=False).items
+    except SpecError as exc:
+        raise _bad_option(exc.item, spec, name) from None
     options = {key: default for key, (_, default) in allowed.items()}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = (s.strip() for s in item.partition("="))
-        if key not in allowed or not eq:
-            takes = ", ".join(f"{k}=" for k in allowed) or "no options"
-            raise PartitionError(f"bad option {item!r} in {spec!r}; {name} takes {takes}")
+    for key, value in items:
+        if key not in allowed:
+            raise _bad_option(f"{key}={value}", spec, name)
         kind = allowed[key][0]
         try:
             options[key] = kind(value)
         except ValueError:
             raise PartitionError(f"bad value {value!r} for {key} in {spec!r} (expected {kind.__name__})") from None
     return name, options
+
+
+def _bad_option(item: str, spec: str, name: str) -> PartitionError:
+    takes = ", ".join(f"{k}=" for k in _OPTIONS[name]) or "no options"
+    return PartitionError(f"bad option {item!r} in {spec!r}; {name} takes {takes}")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -1,45 +1,40 @@
-"""A run as the user sees it: settings in; network, clock and nodes built; run directory, plots and tables out.
+"""A run as the user sees it: settings in; the emulation built and run; run directory, plots and tables out.
 
-    from p2p_emulator.run import run
-    result = run(protocol="gossip", topology="ring", nodes=16, rounds=30)
+    import p2p_emulator as emu
+    result = emu.run(protocol="gossip", topology="ring", nodes=16, rounds=30)
     result.out_dir, result.summary["final"], pandas.DataFrame(result.metrics)
 
 `run(**settings)` takes the names and values of the config keys (every flag, with
 _ for -); the CLI and the sweeps are layers over it.
+Its parts are built in p2p_emulator.build, its console output drawn in p2p_emulator.console.
 """
 from __future__ import annotations
 
 import contextlib
 import shutil
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn
-from rich.table import Table
 
 import topologies
 from p2p_emulator.analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
-from emulator.adversaries import Adversaries
-from emulator.clock import RealClock, VirtualClock
 from emulator.checkpoint import Checkpoints
-from emulator.compute import BatchedExecutor, Compute, ThreadExecutor, peak_rss
+from emulator.compute import peak_rss
 from emulator.emulation import Emulation
 from emulator.errors import UsageError
-from emulator.ledger import Ledger
-from emulator.network import Network
-from emulator.protocol import RunInfo, Protocol, protocols
+from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
 
 from . import __version__, checkpoints
 from . import scenario as scenarios
 from . import settings as cfg
+from .build import build_emulation, build_topology, make_executor
+from .console import progress_bar, summary_table
 from .stream import RunStream
 
 
@@ -83,80 +78,6 @@ def prepare_out_dir(path: Path, overwrite: bool) -> None:
         raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
 
 
-def build_topology(config: cfg.RunConfig):
-    """The round-0 graph and the time-varying schedule (None for a static topology).
-
-    A topology or schedule file owns the node count: an explicit --nodes must agree with it.
-    """
-    nodes = cfg.DEFAULT_NODES if config.nodes is None else config.nodes
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", topologies.TopologyWarning)
-            schedule = scenarios.schedule(config, nodes)
-            if schedule is not None:
-                graph = schedule.graph(0)
-            else:
-                from_file = topologies.files.looks_like_path(config.topology.strip())
-                graph = topologies.build(config.topology, config.nodes if from_file else nodes,
-                                         Seeds(config.seed).integer("topology"))
-    except topologies.TopologyError as exc:  # a file's error names the file already
-        raise UsageError(str(exc) if config.topology in str(exc) else f"--topology {config.topology}: {exc}") from None
-    if schedule is not None and config.nodes is not None and schedule.num_nodes != config.nodes:
-        raise UsageError(f"--topology-schedule {config.topology_schedule}: has {schedule.num_nodes} nodes but "
-                         f"--nodes {config.nodes}; leave --nodes unset to use the file's node count")
-    for warning in caught:
-        warnings.warn(str(warning.message), warning.category)
-    return graph, schedule
-
-
-def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
-                    executor, scenario: dynamics.Scenario | None = None,
-                    on_round=lambda rnd, now: None, checkpointing: Checkpoints | None = None) -> Emulation:
-    """The clock, network, compute and availability the settings ask for, and the emulation over them."""
-    n = graph.number_of_nodes()
-    scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
-    seeds = Seeds(config.seed)
-    clock = RealClock(config.time_scale) if config.clock == "real" else VirtualClock()
-    try:
-        spec = cfg.link_spec(config)
-        network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
-                          edge_specs=cfg.edge_specs(graph, spec),
-                          uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
-                          downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
-                          compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
-                          schedule=scenario.schedule,
-                          faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
-                          nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
-                          adversaries=_adversaries(config, n, seeds))
-        availability = (dynamics.Availability(scenario, network.online, clock, seeds)
-                        if scenario.nodes_change else None)
-        compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
-        return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round,
-                         checkpointing)
-    except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
-        clock.loop.close()
-        raise
-
-
-def make_executor(config: cfg.RunConfig):
-    """Where the nodes' jobs run: threads here, or Ray workers (started or joined here)."""
-    if config.executor == "ray":
-        from emulator.ray_executor import RayExecutor
-
-        return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
-                           cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
-    if config.executor == "batched":
-        from p2p_emulator.workloads.batched import BATCHERS, SHORTCUTS
-
-        return BatchedExecutor(cfg.workers(config), BATCHERS, SHORTCUTS)
-    return ThreadExecutor(cfg.workers(config))
-
-
-def _adversaries(config: cfg.RunConfig, n: int, seeds: Seeds) -> Adversaries | None:
-    spec = cfg.parse_adversaries(config.adversaries)
-    return Adversaries(spec, n, seeds) if spec is not None else None
-
-
 def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path, resume: bool = False) -> RunResult:
     """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint."""
     console = Console(stderr=True, quiet=config.quiet)
@@ -165,9 +86,11 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         raise UsageError(f"--checkpoint-every {config.checkpoint_every}: protocol {config.protocol} does not declare "
                          "what its nodes carry between rounds yet, so it cannot be checkpointed")
     graph, schedule = build_topology(config)
+    nodes_filled_in = config.nodes != graph.number_of_nodes()
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work
-    config_yaml_hash = cfg.config_hash(config, options)  # of the settings as config.yaml holds them: resume checks it
+    # of the settings as config.yaml holds them, which resume checks: the same settings unless the graph filled in nodes
+    config_yaml_hash = cfg.config_hash(config, options) if nodes_filled_in else config_hash
     saved = checkpoints.read(out_dir / checkpoints.NAME, config_yaml_hash) if resume else None
     if saved is not None:
         config_hash = saved["config_hash"]  # the run's, from before config.yaml had its node count filled in
@@ -175,7 +98,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if not resume:
         prepare_out_dir(out_dir, config.overwrite)
     writer = RunDirWriter(out_dir)
-    progress, task = _progress(console, config)  # shown once the rounds start
+    progress, task = progress_bar(console, config)  # shown once the rounds start
 
     def on_round(rnd: int, now: float) -> None:
         stream.round_closed(rnd)
@@ -297,28 +220,3 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         **extra,
         **({"errors": list(failures)} if failures else {}),
     }
-
-
-def _progress(console: Console, config: cfg.RunConfig) -> tuple[Progress, Any]:
-    """A progress bar over the rounds (not started: `with progress:` shows it)."""
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("round {task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
-                        console=console, transient=True, disable=config.quiet)
-    return progress, progress.add_task(f"{config.protocol} on {config.topology}", total=config.rounds, info="")
-
-
-def summary_table(summary: dict, out_dir: Path) -> Table:
-    table = Table(title=f"{summary['protocol']} on {summary['topology']}: {summary['nodes']} nodes, "
-                        f"{summary['rounds']} rounds  →  {out_dir}")
-    table.add_column("quantity")
-    table.add_column("value", justify="right")
-    table.add_row("emulated time", f"{summary['emulated_seconds']:.3f} s")
-    table.add_row("wall time", f"{summary['wall_seconds']:.2f} s")
-    table.add_row("messages sent / delivered", f"{summary['messages_total']} / {summary['messages_delivered']}")
-    table.add_row("bytes sent", f"{summary['bytes_total']:,}")
-    dropped = {k: v for k, v in summary.items() if k.startswith("dropped_") and v}
-    for name, count in dropped.items():
-        table.add_row(name.replace("_", " "), str(count))
-    for name, value in summary["final"].items():
-        table.add_row(f"final {name}", f"{value:.4f}" if isinstance(value, float) else str(value))
-    return table

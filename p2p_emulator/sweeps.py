@@ -35,15 +35,20 @@ report`, are written from the run directories (p2p_emulator/analysis/study.py). 
 --cpus-per-run, --gpus-per-run and --memory-per-run override the file. A run
 that fails is kept in OUT/failed.csv and the others go on (exit status 1);
 SIGINT or SIGTERM ends the running runs, and the same command resumes.
+
+From Python, `sweep(GRID, jobs=2)` does the same and returns a SweepResult (the folder, the run
+directories, the failed runs, the files written); bad input raises UsageError.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +57,7 @@ import yaml
 from rich.console import Console
 
 from p2p_emulator.analysis.output import ArgumentsError, Parser, fail, stdout_console
-from p2p_emulator.analysis.rundir import RunDirError, is_finished, load_run, read_summary
+from p2p_emulator.analysis.rundir import RunDirError, is_finished, read_summary
 from p2p_emulator.analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from emulator.errors import UsageError
 from emulator.protocol import protocols
@@ -70,8 +75,8 @@ EXECUTORS = ("local", "ray")
 SET_BY_SWEEP = {"out", "quiet", "config"}
 
 
-class GridError(Exception):
-    """A bad grid file (one line for the user)."""
+class GridError(UsageError):
+    """A bad grid file, or bad settings in it (one line for the user)."""
 
 
 @dataclass(frozen=True)
@@ -254,68 +259,54 @@ def points(grid: Grid) -> list[Point]:
     return runs
 
 
-def check_settings(grid: Grid, runs: list[Point]) -> dict[str, int]:
+@dataclass(frozen=True)
+class Resolved:
+    """What the sweep needs of a point's settings as `emulate` resolves them."""
+    rounds: int
+    config_hash: str  # summary.json's and the checkpoint's: tells a finished or resumable run of these settings
+
+
+def check_settings(grid: Grid, runs: list[Point]) -> dict[str, Resolved]:
     """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after;
-    the rounds of each run."""
+    each run's rounds and config hash, by its name (resolved once: the sweep reuses them)."""
     registry = protocols()
-    rounds = {}
+    resolved = {}
     for point in runs:
         try:
-            config, _ = cli.resolve(point.argv(grid.out / point.name), registry)
+            config, options = cli.resolve(point.argv(grid.out / point.name), registry)
         except (UsageError, UnitError) as exc:
             raise GridError(f"run {point.name}: {exc}") from None
-        rounds[point.name] = config.rounds
-    return rounds
+        resolved[point.name] = Resolved(config.rounds, cfg.config_hash(config, options))
+    return resolved
 
 
-def run_emulation(argv: list[str]) -> int:
-    """One `emulate` run, in this process."""
-    return cli.main(argv)
-
-
-def is_current(out: Path, argv: list[str]) -> bool:
-    """Whether `out` holds a finished run of exactly the settings `emulate ARGV` resolves to."""
+def is_current(out: Path, config_hash: str) -> bool:
+    """Whether `out` holds a finished run of exactly the settings that hash to `config_hash`."""
     try:
         summary = read_summary(Path(out))  # the summary alone: its metrics are not needed to tell
     except (RunDirError, OSError):
         return False
-    config, options = cli.resolve([*argv, "--out", str(out)], protocols())
-    return summary.get("config_hash") == cfg.config_hash(config, options)
+    return summary.get("config_hash") == config_hash
 
 
-def resume_or_run(out: Path, point: Point) -> list[str]:
+def resume_or_run(out: Path, point: Point, config_hash: str) -> list[str]:
     """`emulate` arguments for a point: resume an interrupted run of its settings from its checkpoint, or run it."""
-    if not (out / checkpoints.NAME).exists():  # most points: nothing to resolve or read
-        return point.argv(out)
-    config, options = cli.resolve([*flags(point.settings), "--out", str(out)], protocols())
-    if checkpoints.resumable(out, cfg.config_hash(config, options)):
-        return ["resume", str(out)]
-    return point.argv(out)
+    return ["resume", str(out)] if checkpoints.resumable(out, config_hash) else point.argv(out)
 
 
-def run_once(out: Path, argv: list[str]) -> dict:
-    """`emulate ARGV` into `out`, quiet and without plots, unless `out` holds a finished run of these settings;
-    its summary."""
-    if not is_current(out, argv):
-        status = run_emulation([*argv, "--out", str(out), "--quiet", "--no-plots", "--overwrite"])
-        if status != 0:
-            raise RuntimeError(f"run {out}: emulate exited with status {status}")
-    return load_run(out).summary
-
-
-def run_all(grid: Grid, runs: list[Point], rounds: dict[str, int], runner, console: Console) -> list[Outcome]:
+def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner, console: Console) -> list[Outcome]:
     """Run every point whose directory holds no finished run of its settings, up to runner.slots at once;
     the outcomes of those that failed."""
-    todo = [p for p in runs if not is_current(grid.out / p.name, flags(p.settings))]
+    todo = [p for p in runs if not is_current(grid.out / p.name, resolved[p.name].config_hash)]
     for point in todo:
         if is_finished(grid.out / point.name):
             console.print(f"[yellow]rerun {point.name}: its settings changed since it ran", highlight=False)
     queue = []
     for point in todo:
-        argv = resume_or_run(grid.out / point.name, point)
+        argv = resume_or_run(grid.out / point.name, point, resolved[point.name].config_hash)
         if argv[0] == "resume":
             console.print(f"[yellow]resume {point.name} from its checkpoint", highlight=False)
-        queue.append(Job(point.name, argv, grid.out / point.name, rounds[point.name]))
+        queue.append(Job(point.name, argv, grid.out / point.name, resolved[point.name].rounds))
     view = StudyView(console, len(runs), len(runs) - len(todo), len(queue), runner.slots, runner.rounds)
     try:
         with view:
@@ -355,7 +346,7 @@ def axis_labels(axes: dict[str, list[Entry]]) -> dict[str, list[str]]:
 
 def parse(argv: list[str]):
     parser = Parser(prog=PROG, description="Run the cross product of a grid of settings, then tabulate.")
-    parser.add_argument("--grid", required=True, help="YAML grid file (see p2p_emulator/sweep.py)")
+    parser.add_argument("--grid", required=True, help="YAML grid file (see p2p_emulator/sweeps.py)")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and their commands; run nothing")
     parser.add_argument("--jobs", help="runs at once, each in a process of its own (auto: cores / CPUs per run; "
                                        "default: the grid's jobs, else 1)")
@@ -370,15 +361,18 @@ def parse(argv: list[str]):
     return parser.parse_args(argv)
 
 
-def with_flags(grid: Grid, args) -> Grid:
-    """The grid's execution settings, overridden by the command's flags."""
-    given = {k: v for k, v in (("cpus", args.cpus_per_run), ("gpus", args.gpus_per_run),
-                               ("memory", args.memory_per_run)) if v is not None}
+def with_overrides(grid: Grid, *, jobs: int | str | None = None, executor: str | None = None,
+                   cpus: float | None = None, gpus: float | None = None, memory: str | None = None,
+                   target: float | None = None) -> Grid:
+    """The grid's execution settings, overridden by the command's flags or sweep()'s arguments (None: the file's)."""
+    given = {k: v for k, v in (("cpus", cpus), ("gpus", gpus), ("memory", memory)) if v is not None}
     parsed = _resources(given, "--cpus/gpus/memory-per-run")
     resources = replace(grid.resources, **{k: getattr(parsed, k) for k in given})
-    jobs = grid.jobs if args.jobs is None else _jobs(int(args.jobs) if args.jobs.isdigit() else args.jobs, "--jobs")
-    table = grid.table if args.target is None else replace(grid.table, target=args.target)
-    return replace(grid, jobs=jobs, executor=args.executor or grid.executor, resources=resources, table=table)
+    if executor not in (None, *EXECUTORS):  # the command's flag has these choices; sweep()'s argument is checked here
+        raise GridError(f"--executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+    table = grid.table if target is None else replace(grid.table, target=target)
+    return replace(grid, jobs=grid.jobs if jobs is None else _jobs(jobs, "--jobs"), executor=executor or grid.executor,
+                   resources=resources, table=table)
 
 
 def make_runner(grid: Grid, address: str):
@@ -391,55 +385,134 @@ def make_runner(grid: Grid, address: str):
     return InProcess() if jobs == 1 else WorkerProcesses(jobs, per_run)
 
 
+@dataclass
+class Plan:
+    """A sweep checked and ready to run: its grid file, the grid with the overrides, its runs and their settings."""
+    grid_file: Path
+    grid: Grid
+    points: list[Point]
+    resolved: dict[str, Resolved]  # by run name
+    ray_address: str
+
+
+def plan_sweep(grid_file: Path, *, jobs: int | str | None = None, executor: str | None = None, ray_address: str = "",
+               cpus: float | None = None, gpus: float | None = None, memory: str | None = None,
+               target: float | None = None) -> Plan:
+    """The grid file loaded, overridden and checked, every run's settings resolved; GridError (one line) otherwise."""
+    grid = with_overrides(load_grid(grid_file), jobs=jobs, executor=executor, cpus=cpus, gpus=gpus, memory=memory,
+                          target=target)
+    runs = points(grid)
+    resolved = check_settings(grid, runs)
+    if grid.executor != "ray" and (ray_address or gpus or memory):
+        raise GridError("--ray-address, --gpus-per-run and --memory-per-run apply to --executor ray only")
+    return Plan(Path(grid_file), grid, runs, resolved, ray_address)
+
+
+@dataclass
+class SweepResult:
+    """What a sweep leaves: its folder, its run directories, the runs that failed and the tables and plots."""
+    out: Path  # the study folder: the run directories, grid.yaml, the tables and plots, failed.csv
+    runs: list[Path]  # every run's directory, in grid order
+    failed: list[str]  # the names of the runs that failed; OUT/failed.csv has their exit status and error line
+    written: list[Path]  # the tables and plots written
+
+
+def run_sweep(plan: Plan) -> SweepResult:
+    """Run the plan's runs whose directories lack a finished run of their settings, then write the tables and plots.
+
+    UsageError if Ray cannot be reached (nothing is written) or a run directory cannot be read for the tables;
+    KeyboardInterrupt (Terminated on SIGTERM) once Ctrl-C has ended the running runs.
+    """
+    grid = plan.grid
+    runner = make_runner(grid, plan.ray_address)
+    grid.out.mkdir(parents=True, exist_ok=True)
+    (grid.out / "grid.yaml").write_text(plan.grid_file.read_text())
+    live = Console(file=sys.stderr)  # bound now: a run captures sys.stderr
+    with _sigterm_interrupts():
+        failed = run_all(grid, plan.points, plan.resolved, runner, live)
+    write_failures(grid.out, failed)
+    try:
+        written = tabulate(grid.out, grid.table, axis_labels(grid.axes), study_runs(grid, plan.points),
+                           stdout_console())
+    except StudyError as exc:
+        raise UsageError(str(exc)) from None
+    return SweepResult(grid.out, [grid.out / p.name for p in plan.points], [o.name for o in failed], written)
+
+
+def sweep(grid: str | Path, *, jobs: int | str | None = None, executor: str | None = None, ray_address: str = "",
+          target: float | None = None) -> SweepResult:
+    """Run every combination of a grid file's settings, then write its tables and plots: `emulate sweep --grid GRID`.
+
+        import p2p_emulator as emu
+        result = emu.sweep("grid.yaml", jobs=2)
+        result.out, result.runs, result.failed, result.written
+
+    jobs (a number, or "auto": cores / CPUs per run), executor ("local" or "ray"), ray_address (a Ray
+    cluster: "auto" or HOST:PORT) and target (the time-to-target table's) override the grid file's, as
+    the flags of the same names do. A run whose directory holds a finished run of its settings is kept,
+    and an interrupted one with a checkpoint resumes, so calling it again continues an interrupted sweep.
+
+    Raises UsageError (one line) on a bad grid file or bad settings in it, before any run starts. A run
+    that fails raises nothing: the others go on, and `failed` names it. Ctrl-C or SIGTERM ends the
+    running runs and raises KeyboardInterrupt; the finished runs are kept.
+    """
+    return run_sweep(plan_sweep(Path(grid), jobs=jobs, executor=executor, ray_address=ray_address, target=target))
+
+
+def print_runs(plan: Plan) -> None:
+    """--dry-run: each run, done or todo, and its `emulate` command."""
+    for point in plan.points:
+        out = plan.grid.out / point.name
+        state = "done" if is_current(out, plan.resolved[point.name].config_hash) else "todo"
+        print(f"{state}  emulate {shlex.join(point.argv(out))}")
+
+
 def main(argv: list[str]) -> int:
+    """`emulate sweep`: sweep() from the command line, with --dry-run and the per-run resources.
+
+    Exit status 0; 2 on bad input; 1 if some runs failed; 130 or 143 when Ctrl-C or SIGTERM ended it.
+    """
     try:
         args = parse(argv)
-        grid = with_flags(load_grid(Path(args.grid)), args)
-        runs = points(grid)
-        rounds = check_settings(grid, runs)
-        if grid.executor != "ray" and (args.ray_address or args.gpus_per_run or args.memory_per_run):
-            raise GridError("--ray-address, --gpus-per-run and --memory-per-run apply to --executor ray only")
-    except (UsageError, ArgumentsError, GridError) as exc:
+        jobs = int(args.jobs) if args.jobs is not None and args.jobs.isdigit() else args.jobs
+        plan = plan_sweep(Path(args.grid), jobs=jobs, executor=args.executor, ray_address=args.ray_address,
+                          cpus=args.cpus_per_run, gpus=args.gpus_per_run, memory=args.memory_per_run,
+                          target=args.target)
+        if args.dry_run:
+            print_runs(plan)
+            return 0
+        result = run_sweep(plan)
+    except (UsageError, ArgumentsError) as exc:
         fail(PROG, str(exc))
         return 2
-    console = stdout_console()
-    if args.dry_run:
-        for point in runs:
-            state = "done" if is_current(grid.out / point.name, flags(point.settings)) else "todo"
-            print(f"{state}  emulate {shlex.join(point.argv(grid.out / point.name))}")
-        return 0
-    try:
-        runner = make_runner(grid, args.ray_address)
-    except UsageError as exc:  # Ray could not start or be reached: nothing is written
-        fail(PROG, str(exc))
-        return 2
-    grid.out.mkdir(parents=True, exist_ok=True)
-    (grid.out / "grid.yaml").write_text(Path(args.grid).read_text())
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    try:
-        failed = run_all(grid, runs, rounds, runner, Console(file=sys.stderr))  # bound now: a run captures sys.stderr
     except KeyboardInterrupt as exc:
         fail(PROG, "interrupted; finished runs are kept and the same command resumes the sweep")
         return 143 if isinstance(exc, Terminated) else 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    write_failures(grid.out, failed)
-    try:
-        written = tabulate(grid.out, grid.table, axis_labels(grid.axes), study_runs(grid, runs), console)
-    except StudyError as exc:
-        fail(PROG, str(exc))
-        return 2
-    for path in written:
+    console = stdout_console()
+    for path in result.written:
         console.print(f"wrote {path}", highlight=False)
-    if failed:
-        fail(PROG, f"{len(failed)} of {len(runs)} runs failed (see {grid.out / 'failed.csv'}): "
-                   f"{', '.join(o.name for o in failed)}")
+    if result.failed:
+        fail(PROG, f"{len(result.failed)} of {len(result.runs)} runs failed (see {result.out / 'failed.csv'}): "
+                   f"{', '.join(result.failed)}")
         return 1
     return 0
 
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM: the sweep ends its runs as Ctrl-C does."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises Terminated meanwhile (only the main thread can take a signal: elsewhere it stays as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _terminate(signum, frame):
