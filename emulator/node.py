@@ -292,13 +292,13 @@ class Node:
         self._context.recorder.record(stream, {"round": self._round, "node": self.id, **row})
 
     # -- checkpoints --------------------------------------------------------
-    def state(self, residents: list[int]) -> dict:
+    def state(self, saved_residents: list[int]) -> dict:
         """Its part of a checkpoint, as plain data: its generators (None: not made yet), its handle count, what
-        it carries, and `residents`, the keys of its resident objects the checkpoint saved as tensors."""
+        it carries, and `saved_residents`, the keys of its resident objects the checkpoint saved as tensors."""
         generator = self._torch_generator
         return {"rng": random_state(self._rng), "np_rng": numpy_state(self._np_rng),
                 "torch_generator": None if generator is None else generator.key,
-                "keys": self._context.compute.keys(self.id), "residents": residents,
+                "keys": self._context.compute.keys(self.id), "residents": saved_residents,
                 "carried": None if self._carried is None else carried_bytes(self._carried)}
 
     def load_state(self, state: dict) -> None:

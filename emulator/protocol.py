@@ -68,6 +68,11 @@ class Protocol:
     # Whether each node keeps what it carries between rounds in node.carry(...) (then --checkpoint-every works).
     checkpointable: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "checkpoints" in vars(cls):  # the name before 0.2: a plugin that sets it would silently lose resume
+            raise TypeError(f"{cls.__name__}: Protocol.checkpoints is now Protocol.checkpointable")
+
     def __init__(self, options: Any, run_info: RunInfo):
         self.options, self.run_info = options, run_info
 

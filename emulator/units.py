@@ -102,32 +102,32 @@ class Spec:
     items: tuple[tuple[str, str], ...]
 
     def keywords(self, required: tuple[str, ...] = (), optional: tuple[str, ...] = (), *,
-                 misfit: str) -> dict[str, str]:
+                 usage: str) -> dict[str, str]:
         """The items as {key: value}, in the spec's order.
 
         A key neither required nor optional, a key given twice, or a required key left out
-        raises SpecError(misfit).
+        raises SpecError(usage).
         """
         keys = [key for key, _ in self.items]
         if not set(keys) <= {*required, *optional} or len(set(keys)) < len(keys):
-            raise SpecError(misfit)
+            raise SpecError(usage)
         missing = [key for key in required if key not in keys]
         if missing:
-            raise SpecError(misfit, missing=missing[0])
+            raise SpecError(usage, missing=missing[0])
         return dict(self.items)
 
 
-def read(text: Any, named: bool = True, misread: str | None = None, separator: str = ",") -> Spec:
+def read_spec(text: Any, named: bool = True, bad_item: str | None = None, separator: str = ",") -> Spec:
     """'uniform:low=1,high=2' -> Spec('uniform', (('low', '1'), ('high', '2'))).
 
     Not `named`, all of the text is items. Blank items are skipped; names, keys and values are stripped.
-    An item that is not key=value raises SpecError: `misread` where given, else one quoting the item.
+    An item that is not key=value raises SpecError: `bad_item` where given, else one quoting the item.
     """
     name, _, rest = str(text).partition(":") if named else ("", "", str(text))
     items = []
     for item in filter(None, (part.strip() for part in rest.split(separator))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise SpecError(misread or f"cannot read {item!r} in {text!r}: expected key=value", item=item)
+            raise SpecError(bad_item or f"cannot read {item!r} in {text!r}: expected key=value", item=item)
         items.append((key.strip(), value.strip()))
     return Spec(name.strip(), tuple(items))

@@ -10,7 +10,7 @@ The public Python API is the names of this module; import them from here, by thi
     emu.report([result.out_dir], out="report")      # plots and a comparison table
 
 For protocol authors: `Protocol`, `register`, `RunInfo` and `Node` (the API a protocol's
-`run(node)` gets). Every other module of this package, and of `emulator`, `protocols` and
+`run(node)` gets), and `Extension` and `Measure` for a protocol's own figures and measures. Every other module of this package, and of `emulator`, `protocols` and
 `topologies`, is internal: it may change in any release.
 
 The names load on first use, so `import p2p_emulator` stays cheap (no torch, no matplotlib).
@@ -31,7 +31,8 @@ _API = {  # public name -> the module that defines it
     "sweep": "p2p_emulator.sweeps", "SweepResult": "p2p_emulator.sweeps",
     "report": "p2p_emulator.analysis.report",
     "read_run": "p2p_emulator.analysis.rundir", "Run": "p2p_emulator.analysis.rundir",
-    "RunDirError": "p2p_emulator.analysis.rundir",
+    "Curves": "p2p_emulator.analysis.rundir", "RunDirError": "p2p_emulator.analysis.rundir",
+    "Extension": "p2p_emulator.analysis.extensions", "Measure": "p2p_emulator.analysis.measures",
     "Protocol": "emulator.protocol", "register": "emulator.protocol", "RunInfo": "emulator.protocol",
     "Node": "emulator.node",
     "UsageError": "emulator.errors",
@@ -42,8 +43,10 @@ if TYPE_CHECKING:  # what type checkers and the API reference see
     from emulator.errors import UsageError
     from emulator.node import Node
     from emulator.protocol import Protocol, RunInfo, register
+    from p2p_emulator.analysis.extensions import Extension
+    from p2p_emulator.analysis.measures import Measure
     from p2p_emulator.analysis.report import report
-    from p2p_emulator.analysis.rundir import Run, RunDirError, read_run
+    from p2p_emulator.analysis.rundir import Curves, Run, RunDirError, read_run
     from p2p_emulator.runs import RunResult, run
     from p2p_emulator.sweeps import SweepResult, sweep
 

@@ -86,7 +86,7 @@ def make_executor(config: cfg.RunConfig):
         return RayExecutor(nodes=config.nodes, address=config.ray_address.strip(), workers=config.ray_workers,
                            cpus_per_worker=config.ray_cpus_per_worker, gpus_per_worker=config.ray_gpus_per_worker)
     if config.executor == "batched":
-        from p2p_emulator.workloads.batched import BATCHERS, SHORTCUTS
+        from .workloads.batched import BATCHERS, SHORTCUTS
 
         return BatchedExecutor(cfg.workers(config), BATCHERS, SHORTCUTS)
     return ThreadExecutor(cfg.workers(config))

@@ -25,6 +25,7 @@ MAGIC = b"p2p-emulator checkpoint 1\n"
 def write(path: Path, config_yaml_hash: str, config_hash: str, rnd: int, state: dict, tensors: dict) -> None:
     """config_yaml_hash: of the settings as config.yaml holds them (what resume checks); config_hash:
     summary.json's (what a sweep compares with its point's settings)."""
+    # "digest" is the file format's key for config_yaml_hash: files written before the rename still resume
     payload = msgpack.packb({"digest": config_yaml_hash, "config_hash": config_hash, "round": rnd, "state": state,
                              "tensors": checkpoint_tensors.tensors_to_bytes(tensors)}, use_bin_type=True)
     partial = path.with_name(path.name + ".partial")

@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from p2p_emulator.analysis.rundir import rounds_closed
 from emulator import ray_executor
 
 from . import cli
 from . import settings as cfg
+from .analysis.rundir import rounds_closed
 
 # What a run imports on first use (5 s on 2 cores): imported once before the workers fork, not once per worker.
 PRELOAD = ("torch", "p2p_emulator.workloads.models", "sklearn.datasets")

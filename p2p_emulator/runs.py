@@ -21,7 +21,6 @@ from typing import Any
 from rich.console import Console
 
 import topologies
-from p2p_emulator.analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from emulator import dynamics, wire
 from emulator.checkpoint import Checkpoints
 from emulator.compute import peak_rss
@@ -33,6 +32,7 @@ from emulator.seeds import Seeds
 from . import __version__, checkpoints
 from . import scenario as scenarios
 from . import settings as cfg
+from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
 from .build import build_emulation, build_topology, make_executor
 from .console import progress_bar, summary_table
 from .stream import RunStream
@@ -144,7 +144,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
-        from p2p_emulator.analysis.plots import plot_run
+        from .analysis.plots import plot_run
 
         plot_run(out_dir)
     if not config.quiet:

@@ -19,7 +19,6 @@ from emulator.seeds import Seeds
 from topologies.files import numbered_lines
 
 
-
 class ScenarioError(UsageError):
     """A bad churn, crash, availability, link-failure, partition or schedule setting."""
 
@@ -41,8 +40,8 @@ def _keywords(text: str, required: tuple[str, ...], optional: tuple[str, ...], u
               missing: Callable[[str], str], separator: str = ",") -> dict[str, str]:
     """A key=value list's items; a bad one is a ScenarioError saying `usage`, a required key left out `missing(key)`."""
     try:
-        spec = units.read(text, named=False, misread=usage, separator=separator)
-        return spec.keywords(required, optional, misfit=usage)
+        spec = units.read_spec(text, named=False, bad_item=usage, separator=separator)
+        return spec.keywords(required, optional, usage=usage)
     except units.SpecError as exc:
         raise ScenarioError(usage if exc.missing is None else missing(exc.missing)) from None
 

@@ -15,7 +15,7 @@ from emulator import units
 from emulator.adversaries import KINDS as ATTACKS
 from emulator.adversaries import AdversarySpec
 from emulator.links import Bernoulli, Corruption, Delay, GilbertElliott
-from emulator.units import read
+from emulator.units import read_spec
 
 
 DELAY_KEYS = {"uniform": ("low", "high"), "normal": ("mean", "std"), "lognormal": ("median", "sigma")}
@@ -25,11 +25,11 @@ def parse_delay(text: str | float) -> Delay:
     """'20ms', 'uniform:low=10ms,high=30ms', 'normal:mean=20ms,std=5ms', 'lognormal:median=20ms,sigma=0.5'."""
     if isinstance(text, (int, float)) or str(text).strip()[:1] in tuple("0123456789.-+"):
         return Delay("constant", value=units.duration(text))
-    spec = read(text)
+    spec = read_spec(text)
     keys = DELAY_KEYS.get(spec.name)
     if keys is None:
         raise units.UnitError(f"unknown latency model {spec.name!r} (use a duration, uniform, normal or lognormal)")
-    params = spec.keywords(keys, misfit=f"latency {text!r} needs exactly {', '.join(keys)}")
+    params = spec.keywords(keys, usage=f"latency {text!r} needs exactly {', '.join(keys)}")
     return Delay(spec.name, **{k: (_sigma(text, v) if k == "sigma" else units.duration(v)) for k, v in params.items()})
 
 
@@ -52,11 +52,11 @@ def parse_loss(text: str | float) -> Bernoulli | GilbertElliott:
     """'0.01' (Bernoulli) or 'ge:p=0.01,r=0.3[,loss_good=0,loss_bad=1]'."""
     if isinstance(text, (int, float)) or not str(text)[:1].isalpha():
         return Bernoulli(units.probability(text))
-    spec = read(text)
+    spec = read_spec(text)
     if spec.name not in ("ge", "gilbert-elliott"):
         raise units.UnitError(f"unknown loss model {spec.name!r} (use a probability or ge:p=..,r=..)")
     params = spec.keywords(("p", "r"), ("loss_good", "loss_bad"),
-                           misfit=f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
+                           usage=f"loss {text!r} needs p and r (optional loss_good, loss_bad)")
     return GilbertElliott(**{k: units.probability(v) for k, v in params.items()})
 
 
@@ -72,13 +72,13 @@ def parse_adversaries(text: str) -> AdversarySpec | None:
     if str(text).strip().lower() in ("none", "", "0"):
         return None
     usage = f"adversaries {text!r:.60}: expected fraction=F,kind=K with K one of {', '.join(ATTACKS)}"
-    params = read(text, named=False, misread=usage).keywords(("fraction", "kind"), misfit=usage)
+    params = read_spec(text, named=False, bad_item=usage).keywords(("fraction", "kind"), usage=usage)
     no_std = f"adversaries {text!r:.60}: only noise takes a parameter, std=S (finite, >= 0)"
-    attack = read(params["kind"], misread=no_std)
+    attack = read_spec(params["kind"], bad_item=no_std)
     if attack.name not in ATTACKS:
         raise units.UnitError(usage)
     takes = ("std",) if attack.name == "noise" else ()
-    std = _number(attack.keywords(optional=takes, misfit=no_std).get("std", "1"))
+    std = _number(attack.keywords(optional=takes, usage=no_std).get("std", "1"))
     if not 0 <= std < math.inf:
         raise units.UnitError(no_std)
     return AdversarySpec(units.probability(params["fraction"]), attack.name, std)
@@ -96,7 +96,7 @@ SPEEDS = {
 
 def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[float, ...]:
     """Per-node compute slowdown factors (1 = nominal speed), drawn reproducibly."""
-    spec = read(text)
+    spec = read_spec(text)
     try:  # values before the model and its keys: a spec with several faults is told the fault it always was
         values = {k: float(v) for k, v in spec.items}
     except ValueError:
@@ -106,7 +106,7 @@ def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[floa
     if spec.name not in SPEEDS:
         raise units.UnitError(f"unknown compute speed {spec.name!r} (use {', '.join(SPEEDS)})")
     defaults, draw = SPEEDS[spec.name]
-    spec.keywords(optional=tuple(defaults), misfit=f"compute speed {text!r}: unknown parameter")
+    spec.keywords(optional=tuple(defaults), usage=f"compute speed {text!r}: unknown or repeated parameter")
     params = {**defaults, **values}
     if params.get("low", 0) > params.get("high", math.inf) or params.get("sigma", 0) < 0:  # numpy would raise
         raise units.UnitError(f"compute speed {text!r}: need low <= high and sigma >= 0")
@@ -124,10 +124,10 @@ def node_rates(text: str | float, num_nodes: int, rng: np.random.Generator) -> l
     if isinstance(text, (int, float)) or ":" not in str(text):
         return [units.rate(text)] * num_nodes
     usage = f"capacity {text!r}: use a rate, uniform:low=..,high=.. or lognormal:median=..,sigma=.."
-    spec = read(text)
+    spec = read_spec(text)
     if spec.name not in CAPACITY_KEYS:
         raise units.UnitError(usage)
-    params = spec.keywords(CAPACITY_KEYS[spec.name], misfit=usage)
+    params = spec.keywords(CAPACITY_KEYS[spec.name], usage=usage)
     if spec.name == "uniform":
         low, high = units.rate(params["low"]), units.rate(params["high"])
         if not high >= low or math.isinf(high):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 
-from p2p_emulator.analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 from emulator.emulation import Emulation
 from emulator.ledger import RoundCounts
+from .analysis.rundir import LINK_COLUMNS, RunDirWriter, csv_writer
 
 REPLACE_SECONDS = 2.0
 REPLACE_SHARE = 50

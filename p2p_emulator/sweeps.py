@@ -56,9 +56,6 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from p2p_emulator.analysis.output import ArgumentsError, Parser, fail, stdout_console
-from p2p_emulator.analysis.rundir import RunDirError, is_finished, read_summary
-from p2p_emulator.analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from emulator.errors import UsageError
 from emulator.protocol import protocols
 from emulator import units
@@ -66,6 +63,9 @@ from emulator.units import UnitError
 
 from . import checkpoints, cli
 from . import settings as cfg
+from .analysis.output import ArgumentsError, Parser, fail, stdout_console
+from .analysis.rundir import RunDirError, is_finished, read_summary
+from .analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
 from .live import StudyView
 from .runners import INTERRUPTED, InProcess, Job, Outcome, RayTasks, Resources, WorkerProcesses
 

@@ -14,7 +14,7 @@ from p2p_emulator import runners
 from p2p_emulator.analysis.plots import plot_run
 from p2p_emulator.cli import main
 from p2p_emulator.sweeps import flags
-from protocols.analysis.learned_graph import snapshot_rounds
+from protocols.analysis.learned_graph import shown_rounds
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DFEDAVGM = ["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--rounds", "2", "--dataset", "digits",
@@ -89,8 +89,8 @@ def test_learned_graph_shows_first_round_after_warm_up_middle_and_last():
     uniform = [[1 / 3] * 3] * 3
     learned = [[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]  # zero weights are recorded: uneven
     history = rows(0, uniform) + rows(1, uniform) + [r for rnd in range(2, 7) for r in rows(rnd, learned)]
-    assert snapshot_rounds(history) == [2, 4, 6]
-    assert snapshot_rounds(rows(0, uniform) + rows(1, uniform)) == [0, 1]  # never learned: from the first round
+    assert shown_rounds(history) == [2, 4, 6]
+    assert shown_rounds(rows(0, uniform) + rows(1, uniform)) == [0, 1]  # never learned: from the first round
 
 
 def test_missing_or_broken_optional_files_skip_only_their_plots(runs, tmp_path):

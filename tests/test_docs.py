@@ -392,7 +392,7 @@ def test_the_site_builds_strict_with_the_api_reference(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     reference = (tmp_path / "api" / "index.html").read_text()
-    assert all(f'id="{name}"' in reference for name in ("p2p_emulator.runs.run", "emulator.node.Node"))
+    assert all(f'id="{name}"' in reference for name in ("p2p_emulator.run", "p2p_emulator.Node", "p2p_emulator.sweep"))
 
 
 def test_readme_is_a_front_door():

@@ -9,13 +9,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP = ("p2p_emulator", "emulator", "protocols", "topologies")  # the import packages the wheel installs
 # The layers of the data path. The tool's package holds three: the command and its settings, workloads
 # (data and models, used by protocols) and analysis (reads run directories).
-LAYERS = {"p2p_emulator.analysis": "analysis", "p2p_emulator.workloads": "workloads", "p2p_emulator": "app",
+LAYERS = {"p2p_emulator.analysis": "analysis", "p2p_emulator.workloads": "workloads", "p2p_emulator": "command",
           "emulator": "emulator", "protocols": "protocols", "topologies": "topologies"}
 
 
 def layer(module: str) -> str:
-    """The layer a module belongs to: the longest package prefix in LAYERS."""
-    return next(LAYERS[p] for p in LAYERS if module == p or module.startswith(p + "."))
+    """The layer a module belongs to: that of the longest package in LAYERS that holds it."""
+    return LAYERS[max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)]
 
 
 def _module(path: Path) -> str:
@@ -84,3 +84,5 @@ def test_the_checker_sees_imports():
     graph = _graph()
     assert graph.has_edge("p2p_emulator.runs", "emulator.emulation") and graph.has_edge("p2p_emulator.cli", "p2p_emulator.runs")
     assert graph.has_edge("protocols.dfedavgm", "emulator.protocol")
+    assert graph.has_edge("protocols.common", "p2p_emulator.workloads.task")
+    assert layer("p2p_emulator.workloads.task") == "workloads" and layer("p2p_emulator.runs") == "command"

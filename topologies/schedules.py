@@ -128,7 +128,7 @@ def _rounds_per_draw(options: str, spec: str) -> int:
     """The K of resample:every=K, read from `options`, the text after the colon."""
     usage = f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}"
     try:
-        every = units.read(options, named=False).keywords(("every",), misfit=usage)["every"]
+        every = units.read_spec(options, named=False).keywords(("every",), usage=usage)["every"]
     except units.SpecError:
         raise TopologyError(usage) from None
     if not every.isdigit():

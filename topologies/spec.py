@@ -33,7 +33,7 @@ def build(spec: str, n: int | None, seed: int) -> nx.Graph:
 def parse(spec: str) -> tuple[str, dict[str, int | float | str]]:
     """'ws:k=4,p=0.1' -> ('ws', {'k': 4, 'p': 0.1})."""
     try:
-        parsed = units.read(spec)
+        parsed = units.read_spec(spec)
     except units.SpecError as exc:
         raise _bad_parameter(exc.item, spec) from None
     params = {}

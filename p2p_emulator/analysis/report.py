@@ -66,6 +66,8 @@ def report(run_dirs: list[str | Path], out: str | Path = "report", partial: bool
     `out`, with comparison.md and comparison.csv. A run directory that is missing, corrupt or
     unfinished (unless `partial`) raises RunDirError naming it, before anything is written.
     """
+    if not run_dirs:
+        raise RunDirError("report: no run directories given")
     runs = [read_run(path, partial) for path in run_dirs]
     return _write(runs, Path(out), partial, alone=len(runs) == 1)[0]
 

@@ -292,10 +292,12 @@ class Curves:
 
     @property
     def mean(self) -> np.ndarray:
+        """The mean over the nodes that reported, per round."""
         return _nan_reduce(np.nanmean, self.values)
 
     @property
     def std(self) -> np.ndarray:
+        """The standard deviation over the nodes that reported, per round."""
         return _nan_reduce(np.nanstd, self.values)
 
     def percentile(self, q: float) -> np.ndarray:

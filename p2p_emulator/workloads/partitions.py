@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from emulator.units import SpecError, read
+from emulator.units import SpecError, read_spec
 
 PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked")
 
@@ -169,7 +169,7 @@ def parse_partition(spec: str) -> tuple[str, dict]:
         raise PartitionError(f"unknown partition {name!r} in {spec!r}; choose from {', '.join(PARTITIONS)}")
     allowed = _OPTIONS[name]
     try:
-        items = read(rest, named=False).items
+        items = read_spec(rest, named=False).items
     except SpecError as exc:
         raise _bad_option(exc.item, spec, name) from None
     options = {key: default for key, (_, default) in allowed.items()}

@@ -38,7 +38,7 @@ def _even(weights: dict) -> bool:
     return not values or max(values) - min(values) <= 1e-6
 
 
-def snapshot_rounds(rows: list[dict]) -> list[int]:
+def shown_rounds(rows: list[dict]) -> list[int]:
     """The first round after warm-up (some node's weights uneven; else the first round), the middle and the last."""
     rounds = sorted({int(row["round"]) for row in rows})
     learned = min((int(row["round"]) for row in rows if not _even(row["weights"])), default=rounds[0])
@@ -53,7 +53,7 @@ def learned_graph_figures(run: Run) -> Figures:
         return
     n = max([run.num_nodes, *(int(r["node"]) + 1 for r in rows),
              *(int(j) + 1 for r in rows for j in r["weights"])])
-    shown, block = snapshot_rounds(rows), node_block(n)
+    shown, block = shown_rounds(rows), node_block(n)
     matrices = weight_matrices(rows, n, shown, block)
     top = max(float(m.max()) for m in matrices.values()) or 1.0
     fig = new_figure(4.2 * len(shown) + 0.8, 4.2)

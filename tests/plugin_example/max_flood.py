@@ -6,8 +6,7 @@ after as many rounds as the graph's diameter every node knows the global maximum
 """
 from dataclasses import dataclass, field
 
-from emulator.errors import UsageError
-from emulator.protocol import Protocol
+from p2p_emulator import Protocol, UsageError
 
 
 @dataclass
