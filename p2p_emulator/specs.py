@@ -1,6 +1,6 @@
 """Spec strings: the settings written `name:key=value,...`, read by one parser into the emulator's objects.
 
-`read` (in emulator.units, so that every layer reads specs alike) splits a spec into its name and
+`read_spec` (in emulator.units, so that every layer reads specs alike) splits a spec into its name and
 key=value items and `Spec.keywords` checks the keys against the required and optional ones; the parsers
 below (latency, loss and corruption models, adversaries, per-node capacities and slowdowns) turn the
 values into objects. Each error is one line that quotes the spec.
