@@ -247,7 +247,12 @@ class Compute:
     def __init__(self, model: ComputeModel, clock, availability=None, executor=None):
         self.model, self.clock, self.availability = model, clock, availability
         self.executor = executor if executor is not None else ThreadExecutor(1)
-        self._keys = [0] * len(model.slowdowns)
+        n = len(model.slowdowns)
+        self._keys = [0] * n
+        # A node's last job started on the executor: its next one waits for it (in wall time), so a node's jobs
+        # touch its state in the order they were started even when two of its coroutines (node.serve) compute.
+        self._last: list[concurrent.futures.Future | None] = [None] * n
+        self.busy_seconds = [0.0] * n  # emulated seconds each node's jobs were charged, for the summary
 
     def keep(self, node: int, value: Any) -> Resident:
         """Put `value` where node's jobs run; its handle (with len() when the value has one)."""
@@ -265,14 +270,32 @@ class Compute:
         """
         target = (node, self._next_key(node)) if keep else None
         if work == 0:
+            self.settle(node)
             result = self.executor.run_now(node, fn, args, kwargs, target)
             return Resident(*target) if keep else result
-        availability = self.availability
+        availability, start = self.availability, self.clock.now
         if availability is None:
             result = await self._submit(node, fn, args, kwargs, work, target)
         else:
             result = await self._offline_aware(availability, node, fn, args, kwargs, work, target)
+        self.busy_seconds[node] += self.clock.now - start
         return Resident(*target) if keep else result
+
+    def settle(self, node: int) -> None:
+        """Wait (in wall time) for the node's last started job to finish on the executor: its state is then
+        as every job started so far left it."""
+        last = self._last[node]
+        if last is not None and not last.done():
+            try:
+                last.result()  # (a batched job waiting for its batch runs now)
+            except BaseException:  # noqa: BLE001 - the failure is its awaiting coroutine's to raise
+                pass
+
+    def peek(self, node: int, fn: Callable, *args) -> Any:
+        """fn(*args) on the node's state now, charged nothing and moving nothing (the clock-driven sampler's
+        scoring): a job still running is waited for first, so the state is the one its result leaves."""
+        self.settle(node)
+        return self.executor.run_now(node, fn, args, {})
 
     async def _offline_aware(self, availability, node, fn, args, kwargs, work, target):
         await availability.until_online(node)
@@ -289,7 +312,8 @@ class Compute:
     def _submit(self, node, fn, args, kwargs, work, target):
         model = self.model
         slowdown = model.slowdowns[node]
-        job = self.executor.start(node, fn, args, kwargs, target)
+        self.settle(node)
+        job = self._last[node] = self.executor.start(node, fn, args, kwargs, target)
         if model.kind == "measured":
             return self.clock.submit(job, None, model.factor * slowdown)
         return self.clock.submit(job, work * model.cost_per_unit * slowdown)

@@ -19,8 +19,10 @@ class Emulation:
     """The nodes of one run, driven on `clock` over `network`; `availability` (if any) takes them down and up."""
 
     def __init__(self, protocol: Protocol, network: Network, clock, compute: Compute, rounds: int, seeds: Seeds,
-                 availability=None, on_round: Callable = lambda rnd, now: None, checkpoints: Checkpoints | None = None):
+                 availability=None, on_round: Callable = lambda rnd, now: None, checkpoints: Checkpoints | None = None,
+                 duration: float = 0.0, eval_every_seconds: float = 0.0):
         self.protocol, self.network, self.clock, self.rounds = protocol, network, clock, rounds
+        self.duration, self.eval_every_seconds = duration, eval_every_seconds
         self.ledger, self.availability, self.compute = network.ledger, availability, compute
         n = network.num_nodes
         self.recorder = Recorder(n, network.ledger, protocol.observe, on_round)
@@ -38,11 +40,15 @@ class Emulation:
                 if network.adversaries is not None:
                     network.adversaries.load_state(checkpoints.saved["adversaries"])
         self.resumed = resume is not None
-        self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, self.barrier, resume))
-                      for i in range(n)]
+        self.nodes = [Node(NodeContext(i, network, clock, compute, self.recorder, rounds, seeds, duration,
+                                       self.barrier, resume)) for i in range(n)]
+        if resume is not None:
+            for node, saved in zip(self.nodes, checkpoints.saved["nodes"]):
+                node.load_times(saved)
         self.tasks: dict[int, asyncio.Task] = {}
         self._handle_of = handle_maker()  # what a protocol gets: the node API only
         self._running: set[int] = set()
+        self._retired: set[int] = set()  # nodes whose coroutine ended
 
     def _save(self, rnd: int) -> None:
         """The state at round rnd's barrier, to the checkpoint writer."""
@@ -59,6 +65,9 @@ class Emulation:
     def _crash(self, node: int) -> None:
         if node in self._running:  # a task cancelled before its first step could not catch it
             self.tasks[node].cancel()
+        if node in self._retired:
+            return
+        self._retired.add(node)
         self.recorder.crash(node, self.clock.now)
         if self.barrier is not None:
             self.barrier.crashed(node)
@@ -70,11 +79,46 @@ class Emulation:
         self._running.add(node.id)
         try:
             await node_main(self._handle_of(node))
+            self._check_servers(node)
         except asyncio.CancelledError:
             if node.id not in crashed:
                 raise
         finally:
             self._running.discard(node.id)
+            for server in node.servers:
+                server.cancel()
+        if node.id not in self._retired:
+            self._retired.add(node.id)
+            self.recorder.retire(node.id, self.clock.now)
+
+    @staticmethod
+    def _check_servers(node: Node) -> None:
+        """A node.serve task that failed fails the run, as the node's own loop would."""
+        for server in node.servers:
+            if server.done() and not server.cancelled() and server.exception() is not None:
+                raise server.exception()
+
+    def _sample(self) -> None:
+        """--eval-every-seconds: score every node that has a scorer and has not crashed, as it stands now,
+        charging nothing; a row per node to samples.jsonl with its step and its traffic so far."""
+        now, crashed = self.clock.now, self.availability.crashed if self.availability is not None else ()
+        sent, received = self.ledger.node_traffic()
+        for node in self.nodes:
+            if node.scorer is None or node.id in crashed:
+                continue
+            fn, args = node.scorer
+            self.recorder.record("samples", {"t": now, "node": node.id, "step": node.round,
+                                             **self.compute.peek(node.id, fn, *args),
+                                             "bytes_sent": sent[node.id], "bytes_received": received[node.id]})
+        if len(self._retired) < len(self.nodes) and (not self.duration or now + self.eval_every_seconds <= self.duration):
+            self.clock.schedule(now + self.eval_every_seconds, self._sample)
+
+    def node_time(self) -> dict[str, list[float]]:
+        """Each node's emulated seconds computing (jobs charged), waiting idle (its loop waiting for messages or
+        sleeping) and sending (its frames on their links)."""
+        return {"compute_seconds": list(self.compute.busy_seconds),
+                "idle_seconds": [node.idle_seconds for node in self.nodes],
+                "send_seconds": list(self.network.send_seconds)}
 
     def run(self) -> list[dict]:
         """Run every node to the end; the metric rows in (round, node) order."""
@@ -83,6 +127,8 @@ class Emulation:
         async def main():
             if self.availability is not None and not self.resumed:  # resumed: its transitions are back on the clock
                 self.availability.start()
+            if self.eval_every_seconds:
+                self.clock.schedule(self.clock.now + self.eval_every_seconds, self._sample)
             for node in self.nodes:
                 task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))
                 task._log_destroy_pending = False  # as gather does for its own: a failed run leaves them

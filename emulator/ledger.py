@@ -133,6 +133,14 @@ class Ledger:
         counts = self.rounds.get(rnd)
         return dict(zip(NODE_ROUND_COUNTERS, counts.of(node) if counts is not None else (0, 0, 0, 0)))
 
+    def node_traffic(self) -> tuple[list[int], list[int]]:
+        """Each node's bytes sent and bytes received (delivered to it) so far, over all its links."""
+        sent, received = [0] * self.num_nodes, [0] * self.num_nodes
+        for (src, dst), row in self.links.items():
+            sent[src] += row[_BYTES_SENT]
+            received[dst] += row[_BYTES_DELIVERED]
+        return sent, received
+
     @property
     def bytes_total(self) -> int:
         return sum(row[_BYTES_SENT] for row in self.links.values())

@@ -59,7 +59,7 @@ class Mailbox:
     `wakes(message)`, when set, says whether an arrival is worth waking the waiter for:
     a node gathering from k neighbours wakes once, not k times.
     """
-    __slots__ = ("messages", "waiter", "wakes")
+    __slots__ = ("messages", "waiter", "wakes", "served")
 
     def __init__(self):
         # A list, not a deque: an empty deque costs 760 bytes, a million nodes' 0.7 GB. Taking the
@@ -67,8 +67,12 @@ class Mailbox:
         self.messages: list[Message] = []
         self.waiter = None
         self.wakes: Callable[[Message], bool] | None = None
+        self.served: dict[str, Callable[[Message], None]] | None = None  # kind -> its node.serve handler
 
     def put(self, message: Message) -> None:
+        served = self.served
+        if served is not None and message.kind in served:
+            return served[message.kind](message)
         self.messages.append(message)
         waiter = self.waiter
         if waiter is not None and not waiter.done() and (self.wakes is None or self.wakes(message)):
@@ -127,6 +131,7 @@ class Network:
         self.links: dict[tuple[int, int], Link] = {}
         self._wire_rngs: dict[int, object] = {}
         self.in_flight = 0  # frames on their links: sent, not yet arrived nor dropped
+        self.send_seconds = [0.0] * n  # emulated seconds each node's frames held its links (serialisation)
         self.drained: Callable[[], None] | None = None  # called when the last frame in flight lands
         # Bound once: a bound method made per message would cost an object for every frame in flight.
         self._arrive_event, self._start_event = self._arrive, self._start
@@ -174,6 +179,7 @@ class Network:
                 "uplinks": [capacity.free_at for capacity in self.uplinks],
                 "downlinks": [capacity.free_at for capacity in self.downlinks],
                 "wire_rngs": {src: numpy_state(rng) for src, rng in self._wire_rngs.items()},
+                "send_seconds": list(self.send_seconds),
                 **self.ledger.state(),
                 "mailboxes": [[[m.src, m.kind, m.round, m.size, m.t_send, m.t_arrive, bytes(m.frame),
                                 trace_index.get(id(m.trace))] for m in box.messages] for box in self.mailboxes]}
@@ -183,6 +189,7 @@ class Network:
             self._link(src, dst).load_state(link)  # a later round's graph (a schedule) may have made it
         for capacity, free_at in zip((*self.uplinks, *self.downlinks), state["uplinks"] + state["downlinks"]):
             capacity.free_at = free_at
+        self.send_seconds[:] = state["send_seconds"]
         for src, rng in state["wire_rngs"].items():
             set_numpy_state(self._wire_rng(src), rng)
         ledger = self.ledger
@@ -249,6 +256,7 @@ class Network:
         if self.faults is not None and self.faults.down(src, dst, now):
             return self._drop(link, "link_down", trace)
         arrival = link.transmit(now, nbytes)
+        self.send_seconds[src] += link.free_at - link.last_start
         if arrival is None:
             return self._drop(link, "loss", trace)
         self.in_flight += 1

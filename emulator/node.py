@@ -10,6 +10,8 @@ handle closes the paths a protocol could take by accident or by habit.)
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -31,6 +33,7 @@ class NodeContext:
     recorder: Recorder
     rounds: int
     seeds: Seeds
+    duration: float = 0.0  # --duration: no round (step) starts after this emulated instant (0: no such horizon)
     barrier: Any = None  # checkpoint.Barrier, with --checkpoint-every
     resume: Any = None  # the run's Resume, when it continues from a checkpoint
 
@@ -42,7 +45,7 @@ class Node:
     the Node itself. `node.id` is the node's number, 0 to num_nodes - 1.
     """
     __slots__ = ("id", "_round", "_context", "_network", "_clock", "_mailbox", "_rng", "_np_rng", "_torch_generator",
-                 "_carried", "__weakref__")
+                 "_carried", "idle_seconds", "scorer", "servers", "__weakref__")
 
     def __init__(self, context: NodeContext):
         self.id = context.id
@@ -52,6 +55,9 @@ class Node:
         self._mailbox = context.network.mailboxes[context.id]
         self._rng = self._np_rng = self._torch_generator = None
         self._carried = None
+        self.idle_seconds = 0.0  # emulated seconds its own loop spent waiting for messages or sleeping
+        self.scorer: tuple | None = None  # (fn, args): what the clock-driven sampler scores (score_with)
+        self.servers: list[asyncio.Task] = []  # its node.serve tasks, ended with the node
 
     def __repr__(self):
         return f"Node({self.id}, round={self._round})"
@@ -119,7 +125,9 @@ class Node:
 
     async def sleep(self, seconds: float) -> None:
         """Let `seconds` of emulated time pass for this node (no wall time)."""
+        start = self._clock.now
         await sleep(self._clock, seconds)
+        self.idle_seconds += self._clock.now - start
 
     # -- messages ---------------------------------------------------------
     def send(self, dst: int, kind: str, body: Any = None) -> None:
@@ -218,12 +226,38 @@ class Node:
         mailbox = self._mailbox
         mailbox.waiter, mailbox.wakes = waiter, wakes
         handle = None if deadline is None else clock.call_at(deadline, _expire, waiter)
+        start = clock.now
         try:
             return await waiter
         finally:
             mailbox.waiter = mailbox.wakes = None
+            self.idle_seconds += clock.now - start
             if handle is not None:
                 handle.cancel()
+
+    def serve(self, kind: str, handler: Callable[[Message], Any], valid: Callable[[Any], bool] | None = None) -> None:
+        """Answer every arriving message of `kind` with handler(message), beside the node's own loop.
+
+        Such messages never reach recv or gather. A plain function is called as each one arrives; a
+        coroutine function handles them one at a time, in arrival order, in a task of the node's that
+        ends with it. The node's compute jobs still run one at a time, in the order they were started.
+        With `valid`, a message whose body it rejects is dropped as invalid, unseen.
+        """
+        mailbox = self._mailbox
+        if mailbox.served is None:
+            mailbox.served = {}
+        if inspect.iscoroutinefunction(handler):
+            queue = _Queue(self._clock.loop)
+            mailbox.served[kind] = queue.put
+            self.servers.append(asyncio.ensure_future(self._serve(queue, handler, valid)))
+        else:
+            mailbox.served[kind] = lambda message: handler(message) if self._opens(message, valid) else None
+
+    async def _serve(self, queue: "_Queue", handler: Callable, valid: Callable[[Any], bool] | None) -> None:
+        while True:
+            message = await queue.get()
+            if self._opens(message, valid):
+                await handler(message)
 
     # -- compute ----------------------------------------------------------
     def keep(self, value: Any) -> Resident:
@@ -263,6 +297,8 @@ class Node:
             start = resume.round
             resume.restore(self)
         for rnd in range(start, context.rounds):
+            if context.duration and self._clock.now >= context.duration:
+                break
             if barrier is not None and rnd > start and barrier.due(rnd):
                 await barrier.wait(self.id, rnd)
             self._round = rnd
@@ -278,6 +314,11 @@ class Node:
         if resume is not None:
             resume.refill(self, state)
         return state
+
+    def score_with(self, fn: Callable, *args) -> None:
+        """What --eval-every-seconds scores on this node: fn(*args) -> {metric: value}, a job on its state
+        (Resident handles among args), run every S emulated seconds without charging compute."""
+        self.scorer = (fn, args)
 
     def log(self, **metrics: Any) -> None:
         """Add metrics to this node's row for the current round."""
@@ -299,6 +340,7 @@ class Node:
         return {"rng": random_state(self._rng), "np_rng": numpy_state(self._np_rng),
                 "torch_generator": None if generator is None else generator.key,
                 "keys": self._context.compute.keys(self.id), "residents": saved_residents,
+                "idle_seconds": self.idle_seconds, "compute_seconds": self._context.compute.busy_seconds[self.id],
                 "carried": None if self._carried is None else carried_bytes(self._carried)}
 
     def load_state(self, state: dict) -> None:
@@ -313,11 +355,35 @@ class Node:
             self._keep_torch_generator(state["torch_generator"])
         self._context.compute.set_keys(self.id, state["keys"])
 
+    def load_times(self, state: dict) -> None:
+        """Put its idle and compute seconds back (every node's, crashed ones too, as the run resumes)."""
+        self.idle_seconds = state["idle_seconds"]
+        self._context.compute.busy_seconds[self.id] = state["compute_seconds"]
+
     def _keep_torch_generator(self, key: int) -> None:
         import torch
 
         self._context.compute.executor.keep(self.id, key, torch.Generator())
         self._torch_generator = Resident(self.id, key)
+
+
+class _Queue:
+    """Messages a node.serve coroutine has still to handle, and its wait for the next one."""
+    __slots__ = ("loop", "messages", "waiter")
+
+    def __init__(self, loop):
+        self.loop, self.messages, self.waiter = loop, deque(), None
+
+    def put(self, message: Message) -> None:
+        self.messages.append(message)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self) -> Message:
+        while not self.messages:
+            self.waiter = self.loop.create_future()
+            await self.waiter
+        return self.messages.popleft()
 
 
 class _Awaited:
@@ -342,8 +408,8 @@ def _expire(waiter: asyncio.Future) -> None:
 
 PROPERTIES = ("id", "round", "seeds", "rng", "np_rng", "torch_generator", "neighbours", "in_neighbours", "online",
               "num_nodes")
-METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "keep", "compute", "rounds", "carry", "log",
-           "snapshot", "record")
+METHODS = ("now", "sleep", "send", "broadcast", "recv", "gather", "serve", "keep", "compute", "rounds", "carry",
+           "score_with", "log", "snapshot", "record")
 
 
 def handle_maker():

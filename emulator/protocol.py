@@ -48,6 +48,7 @@ class RunInfo:
     out_dir: Path
     console: Any = None
     state_in_process: bool = True  # nodes' models live in this process (False: on a cluster's workers)
+    duration: float = 0.0  # --duration (0: none)
 
     def write_json(self, name: str, obj: Any) -> None:
         """Write `obj` as strict JSON to the file `name` of the run directory (partition.json, ...)."""
@@ -67,6 +68,9 @@ class Protocol:
     Options: ClassVar[type] = NoOptions
     # Whether each node keeps what it carries between rounds in node.carry(...) (then --checkpoint-every works).
     checkpointable: ClassVar[bool] = False
+    # Whether nodes go at their own pace (no rounds in common): then it runs to --duration, its nodes' rows are
+    # their own steps, and the summary's final metrics are each node's last.
+    asynchronous: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -58,6 +58,12 @@ class Recorder:
             del self.rows[rnd, node]
         for rnd in [rnd for rnd in self.snapshots if rnd > done]:
             self.snapshots[rnd].pop(node, None)
+        self.retire(node, now)
+
+    def retire(self, node: int, now: float) -> None:
+        """The node runs no more rounds (it crashed, or stopped at --duration): close the rounds that waited
+        only for it."""
+        done = self.done_through[node]
         self.alive -= 1
         for rnd in sorted(self.finished):
             if rnd <= done:

@@ -72,7 +72,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                         if scenario.nodes_change else None)
         compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
         return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round,
-                         checkpointing)
+                         checkpointing, config.duration, config.eval_every_seconds)
     except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
         clock.loop.close()
         raise

@@ -14,9 +14,16 @@ from . import settings as cfg
 def progress_bar(console: Console, config: cfg.RunConfig) -> tuple[Progress, Any]:
     """A progress bar over the rounds and its task (not started: `with progress:` shows it)."""
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("round {task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                        TextColumn("{task.completed:g}/{task.total:g}"), TextColumn("{task.fields[info]}"),
                         console=console, transient=True, disable=config.quiet)
     return progress, progress.add_task(f"{config.protocol} on {config.topology}", total=config.rounds, info="")
+
+
+def progress_done(config: cfg.RunConfig, rnd: int, now: float) -> dict:
+    """How far the bar is: rounds closed, or with --duration the emulated time."""
+    if config.duration:
+        return {"completed": min(now, config.duration), "total": config.duration}
+    return {"completed": rnd + 1}
 
 
 def summary_table(summary: dict, out_dir: Path) -> Table:

@@ -32,9 +32,9 @@ from emulator.seeds import Seeds
 from . import __version__, checkpoints
 from . import scenario as scenarios
 from . import settings as cfg
-from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics
+from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics, staleness
 from .build import build_emulation, build_topology, make_executor
-from .console import progress_bar, summary_table
+from .console import progress_bar, progress_done, summary_table
 from .stream import RunStream
 
 
@@ -82,6 +82,9 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint."""
     console = Console(stderr=True, quiet=config.quiet)
     config_hash = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
+    if protocol_cls.asynchronous and not config.duration:
+        raise UsageError(f"--protocol {config.protocol}: asynchronous (its nodes go at their own pace); give the "
+                         "emulated time to run, --duration SECONDS")
     if config.checkpoint_every and not protocol_cls.checkpointable:
         raise UsageError(f"--checkpoint-every {config.checkpoint_every}: protocol {config.protocol} does not declare "
                          "what its nodes carry between rounds yet, so it cannot be checkpointed")
@@ -102,7 +105,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
 
     def on_round(rnd: int, now: float) -> None:
         stream.round_closed(rnd)
-        progress.update(task, completed=rnd + 1, info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
+        progress.update(task, **progress_done(config, rnd, now), info=f"t={now:.3f}s  {emulation.ledger.bytes_total / 1e6:.2f} MB")
 
     def save(rnd: int, state: dict, tensors: dict) -> None:
         checkpoints.write(out_dir / checkpoints.NAME, config_yaml_hash, config_hash, rnd, {**state, "stream": stream.position()},
@@ -113,7 +116,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             if not resume:
                 writer.config({**asdict(config), **asdict(options)})
             run_info = RunInfo(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
-                               state_in_process=config.executor != "ray")
+                               state_in_process=config.executor != "ray", duration=config.duration)
             protocol = protocol_cls(options, run_info)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None
@@ -199,6 +202,13 @@ def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
     return config.topology_schedule
 
 
+def _node_time(emulation: Emulation) -> dict:
+    """Each node's emulated seconds computing, idle and sending, and its idle fraction (of the run's time)."""
+    times = emulation.node_time()
+    end = emulation.clock.now
+    return {**times, "idle_fraction": [idle / end if end else 0.0 for idle in times["idle_seconds"]]}
+
+
 def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],
              wall: float, failures: list[str]) -> dict:
     totals = emulation.ledger.totals()
@@ -213,7 +223,9 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         - sum(v for k, v in totals.items() if k.startswith("dropped_")),
         "wall_seconds": wall,
         "emulated_seconds": emulation.clock.now,
-        "final": final_metrics(rows),
+        "final": final_metrics(rows, each_node_last=emulation.protocol.asynchronous),
+        **({"staleness": spread} if (spread := staleness(rows)) else {}),
+        "node_time": _node_time(emulation),
         **({"bytes_by_phase": phases} if (phases := bytes_by_phase(rows)) else {}),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
         **({"adversaries": sorted(adversaries.nodes)} if (adversaries := emulation.network.adversaries) else {}),

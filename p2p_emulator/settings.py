@@ -39,7 +39,9 @@ class RunConfig:
     protocol: str = "mapl"
     topology: str = "mesh"
     nodes: int | None = None  # unset: DEFAULT_NODES, or the count of a topology or schedule file
-    rounds: int = 20
+    rounds: int | None = None  # unset: DEFAULT_ROUNDS, or no limit with --duration
+    duration: float = 0.0
+    eval_every_seconds: float = 0.0
     seed: int = 0
     clock: str = "virtual"
     time_scale: float = 1.0
@@ -82,7 +84,12 @@ HELP = {
     "protocol": "protocol to run (see --list-protocols)",
     "topology": "graph: a name with parameters (ring, torus, regular:d=4, er:p=0.3, ...) or an edge-list/GraphML path",
     "nodes": "number of nodes (unset: 10, or the count of a topology or schedule file, which must agree if set)",
-    "rounds": "rounds each node runs",
+    "rounds": "rounds each node runs (an asynchronous protocol's node: its own steps); unset: 20, or no limit "
+              "with --duration",
+    "duration": "emulated seconds to run: no node starts a round (an asynchronous protocol's step) after this "
+                "instant; with --rounds, whichever comes first (0: no time limit)",
+    "eval_every_seconds": "every S emulated seconds, score each node's current model (charging no compute, "
+                          "moving no node) into RUN_DIR/samples.jsonl with its step and traffic so far (0: never)",
     "seed": "seed of every random choice in the run",
     "clock": "virtual (emulated time; idle waits cost nothing) or real (wall clock on uvloop)",
     "time_scale": "real clock only: emulated seconds per wall second",
@@ -138,6 +145,7 @@ HELP = {
 }
 
 DEFAULT_NODES = 10
+DEFAULT_ROUNDS = 20
 MAX_CONFIG_BYTES = 1 << 20
 MAX_SEED = 2**63 - 1
 MAX_ROUNDS = 10**9
@@ -152,7 +160,7 @@ DEVICES = ("cpu", "cuda")
 EXECUTORS = ("thread", "batched", "ray")
 RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
-OPTIONAL_INTS = {"nodes": int}  # settings whose default None means "unset"
+OPTIONAL_INTS = {"nodes": int, "rounds": int}  # settings whose default None means "unset"
 
 
 def flag(name: str) -> str:
@@ -269,6 +277,8 @@ def resolve(settings: dict[str, Any], registry: dict[str, type]) -> tuple[RunCon
     run = RunConfig(**{k: _coerce(k, v, run_fields[k]) for k, v in settings.items() if k in run_fields})
     options = registry[protocol].Options(**{k: _coerce(k, v, option_fields[k])
                                             for k, v in settings.items() if k in option_fields})
+    if run.rounds is None:
+        run.rounds = MAX_ROUNDS if run.duration else DEFAULT_ROUNDS
     validate(run)
     check = getattr(options, "validate", None)
     if check is not None:
@@ -286,6 +296,9 @@ def validate(config: RunConfig) -> None:
     if config.nodes is not None:
         _within("nodes", config.nodes, 1, max_nodes())
     _within("rounds", config.rounds, 0, MAX_ROUNDS)
+    for name in ("duration", "eval_every_seconds"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{flag(name)} {getattr(config, name)}: must not be negative (0: off)")
     _within("seed", config.seed, 0, MAX_SEED)
     _within("workers", config.workers, 0, MAX_WORKERS)
     if not config.time_scale > 0:
@@ -320,6 +333,9 @@ def check_checkpoints(config: RunConfig) -> None:
     """What a checkpoint cannot hold: no instant when every node waits (real clock), state on Ray workers."""
     if config.clock != "virtual":
         raise ConfigError(f"--clock {config.clock}: not with --checkpoint-every (no instant when every node waits)")
+    if config.duration:
+        raise ConfigError(f"--duration {config.duration:g}: not with --checkpoint-every (a node that stops at the "
+                          "horizon meets no later barrier; see docs/checkpoints.md)")
     if config.executor == "ray":
         raise ConfigError("--executor ray: not with --checkpoint-every (the nodes' state lives on the workers)")
 

@@ -261,8 +261,12 @@ class LearningProtocol(Protocol):
         Both are handles: pass them to node.compute. data has the NodeTensors fields, each
         tensor a handle whose len() is its sample count.
         """
+        own = part is None or part == node.id
         part = node.id if part is None else part
-        return node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
+        model, data = node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
+        if own:
+            node.score_with(test_scores, model, data.test_x, data.test_y)  # what --eval-every-seconds scores
+        return model, data
 
     def initial_model(self, part: int):
         """Data holder `part`'s model before training (a protocol with a model of its own overrides this)."""
@@ -303,6 +307,12 @@ class LearningProtocol(Protocol):
         return {"test_acc": await node.compute(accuracy, model, data.test_x, data.test_y,
                                                work=len(data.test_y) * EVAL_COST)}
 
+    async def log_final_scores(self, node, model, data) -> None:
+        """An asynchronous protocol's node, once its last step is done: its scores into that step's row,
+        charged nothing (the run's horizon has passed; the summary's final metrics are each node's last row)."""
+        if len(data.test_y):
+            node.log(test_acc=await node.compute(accuracy, model, data.test_x, data.test_y, work=0))
+
     @staticmethod
     async def state(node, module) -> dict:
         """A copy of a resident module's floating-point tensors (what a node sends); no emulated time."""
@@ -315,6 +325,12 @@ class LearningProtocol(Protocol):
             return {}
         mean = torch.stack(list(vectors.values())).mean(0)
         return {i: {"consensus_distance": float(torch.linalg.vector_norm(v - mean))} for i, v in vectors.items()}
+
+
+def test_scores(model, test_x, test_y) -> dict[str, float]:
+    """{"test_acc": ...} of a model on a test split (a job; {} without test samples): what the clock-driven
+    sampler (--eval-every-seconds) scores."""
+    return {"test_acc": accuracy(model, test_x, test_y)} if len(test_y) else {}
 
 
 def entry_count(state: dict) -> int:

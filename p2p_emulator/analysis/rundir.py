@@ -44,16 +44,20 @@ class RunDirError(Exception):
 
 # -- writing ----------------------------------------------------------------------
 
-def final_metrics(rows: list[dict]) -> dict[str, float]:
-    """Each numeric metric's mean at the last round, over the nodes that report a finite value.
+def final_metrics(rows: list[dict], each_node_last: bool = False) -> dict[str, float]:
+    """Each numeric metric's mean at the last round, over the nodes that report a finite value
+    (each_node_last: over each node's last row, as an asynchronous protocol's nodes end at steps of their own).
 
     test_acc also gets its std, the mean of the worst 10% and test_acc_nodes, the count
     of nodes it is taken over (a node without test samples reports no accuracy).
     """
     if not rows:
         return {}
-    last = max(row["round"] for row in rows)
-    at_last = [row for row in rows if row["round"] == last]
+    if each_node_last:
+        at_last = list({row["node"]: row for row in rows}.values())
+    else:
+        last = max(row["round"] for row in rows)
+        at_last = [row for row in rows if row["round"] == last]
     skip = {"round", "node", "t"}
     final: dict[str, float] = {}
     for name in sorted({k for row in at_last for k in row} - skip):
@@ -66,6 +70,16 @@ def final_metrics(rows: list[dict]) -> dict[str, float]:
         final["test_acc_worst10"] = statistics.fmean(accuracies[:max(1, len(accuracies) // 10)])
         final["test_acc_nodes"] = len(accuracies)
     return final
+
+
+def staleness(rows: list[dict]) -> dict[str, float]:
+    """The distribution of the `staleness` the rows log (an asynchronous protocol's model updates between
+    reading a model and applying a gradient computed on it); {} if none does."""
+    values = sorted(row["staleness"] for row in rows if isinstance(row.get("staleness"), (int, float)))
+    if not values:
+        return {}
+    return {"count": len(values), "mean": statistics.fmean(values), "median": statistics.median(values),
+            "p90": values[min(len(values) - 1, int(0.9 * len(values)))], "max": values[-1]}
 
 
 def bytes_by_phase(rows: list[dict]) -> dict[str, dict[str, int]]:

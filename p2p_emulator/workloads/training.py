@@ -52,6 +52,29 @@ def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, wei
     return total / max(seen, 1), seen
 
 
+def gradient(model, x, y, *, batch_size: int, weight_decay: float, generator: torch.Generator
+             ) -> tuple[dict[str, torch.Tensor], float]:
+    """The stochastic gradient of one minibatch (drawn by `generator`) at the model's parameters as they are
+    now, weight decay included: ({name: gradient}, loss). The model is not changed (an asynchronous method
+    applies the gradient later, with descend, to a model that may have moved meanwhile)."""
+    model.train()
+    idx = next(batches(len(y), batch_size, generator, steps=1))
+    loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [p for _, p in named])
+    with torch.no_grad():
+        out = {name: g + weight_decay * p if weight_decay else g for (name, p), g in zip(named, grads)}
+    return out, loss.item()
+
+
+def descend(model, grads: dict[str, torch.Tensor], lr: float) -> None:
+    """x <- x - lr * g, in place, over the gradient's entries."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, g in grads.items():
+            state[name].add_(g.to(state[name].device, state[name].dtype), alpha=-lr)
+
+
 class HeavyBall:
     """SGD with heavy-ball momentum whose buffers live as long as the model (CHOCO-SGD's local step).
     Make it as a job, where the model lives, and keep it there: node.compute(HeavyBall, model, ..., keep=True)."""
