@@ -202,6 +202,13 @@ def topology_label(config: cfg.RunConfig, scenario: dynamics.Scenario) -> str:
     return config.topology_schedule
 
 
+def _rounds_run(config: cfg.RunConfig, rows: list[dict]) -> int:
+    """--rounds; with --duration, the most rounds (an asynchronous protocol's steps) any node ran."""
+    if not config.duration:
+        return config.rounds
+    return max((row["round"] + 1 for row in rows), default=0)
+
+
 def _node_time(emulation: Emulation) -> dict:
     """Each node's emulated seconds computing, idle and sending, and its idle fraction (of the run's time)."""
     times = emulation.node_time()
@@ -217,7 +224,7 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
                      default={})
     return {
         "protocol": config.protocol, "topology": topology_label(config, scenario),
-        "nodes": emulation.network.num_nodes, "rounds": config.rounds, "seed": config.seed, "version": __version__,
+        "nodes": emulation.network.num_nodes, "rounds": _rounds_run(config, rows), "seed": config.seed, "version": __version__,
         **totals,
         "messages_in_flight": totals["messages_total"] - totals["messages_delivered"]
         - sum(v for k, v in totals.items() if k.startswith("dropped_")),

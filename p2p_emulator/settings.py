@@ -79,6 +79,10 @@ class RunConfig:
     no_plots: bool = False
     quiet: bool = False
 
+    def __post_init__(self):
+        if self.rounds is None:  # unset: a time horizon alone, or the usual count
+            self.rounds = MAX_ROUNDS if self.duration else DEFAULT_ROUNDS
+
 
 HELP = {
     "protocol": "protocol to run (see --list-protocols)",
@@ -277,8 +281,6 @@ def resolve(settings: dict[str, Any], registry: dict[str, type]) -> tuple[RunCon
     run = RunConfig(**{k: _coerce(k, v, run_fields[k]) for k, v in settings.items() if k in run_fields})
     options = registry[protocol].Options(**{k: _coerce(k, v, option_fields[k])
                                             for k, v in settings.items() if k in option_fields})
-    if run.rounds is None:
-        run.rounds = MAX_ROUNDS if run.duration else DEFAULT_ROUNDS
     validate(run)
     check = getattr(options, "validate", None)
     if check is not None:
