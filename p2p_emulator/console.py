@@ -39,6 +39,11 @@ def summary_table(summary: dict, out_dir: Path) -> Table:
     dropped = {k: v for k, v in summary.items() if k.startswith("dropped_") and v}
     for name, count in dropped.items():
         table.add_row(name.replace("_", " "), str(count))
+    idle = summary.get("node_time", {}).get("idle_fraction")
+    if idle:
+        table.add_row("idle fraction (mean over nodes)", f"{sum(idle) / len(idle):.3f}")
+    if "staleness" in summary:
+        table.add_row("staleness (median / max)", f"{summary['staleness']['median']:g} / {summary['staleness']['max']:g}")
     for name, value in summary["final"].items():
         table.add_row(f"final {name}", f"{value:.4f}" if isinstance(value, float) else str(value))
     return table

@@ -42,7 +42,7 @@ def runs(tmp_path_factory):
 def test_a_run_ends_with_every_applicable_plot(runs):
     plots = runs / "dfedavgm" / "plots"
     expected = {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png",
-                "link_bytes_matrix.png", "link_bytes_topology.png"}
+                "link_bytes_matrix.png", "link_bytes_topology.png", "idle_fraction.png"}
     assert {p.name for p in plots.iterdir()} == expected  # no graph.jsonl, no availability.jsonl: no such plots
     assert all(_is_png(plots / name) for name in expected)
 
@@ -101,7 +101,7 @@ def test_missing_or_broken_optional_files_skip_only_their_plots(runs, tmp_path):
     (run / "graph.jsonl").write_text("{not json\n")
     with pytest.warns(UserWarning, match="graph.jsonl"):
         written = {p.name for p in plot_run(run)}
-    assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png"}
+    assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png", "idle_fraction.png"}
 
 
 def test_an_installed_extension_adds_figures_and_measures_and_a_broken_one_costs_one_line(runs, tmp_path,
@@ -141,7 +141,7 @@ def test_an_installed_extension_adds_figures_and_measures_and_a_broken_one_costs
         "analysis extension 'broken' (not_installed:EXTENSION) not loaded: "
         "ModuleNotFoundError: No module named 'not_installed'"]
     assert written == {"test_acc_vs_round.png", "test_acc_vs_time.png", "test_acc_vs_bytes.png",
-                       "link_bytes_matrix.png", "link_bytes_topology.png", "node_count.png"}
+                       "link_bytes_matrix.png", "link_bytes_topology.png", "node_count.png", "idle_fraction.png"}
     assert parse_metric("node_count", "grid.yaml").of(read_run(run)) == 4
 
 

@@ -16,6 +16,14 @@
   layout costs O(N^2)): the matrix shows the same bytes;
 - `availability.png` (churn: availability.jsonl): when each node was up, as the
   fraction of each time bin it was up; beyond MAX_MATRIX_SIDE nodes, per block of nodes;
+- `accuracy_vs_time.png`, `accuracy_vs_bytes.png` (--eval-every-seconds: samples.jsonl):
+  the sampled test accuracy (another sampled metric: `sampled_<metric>_vs_...`) against
+  the emulated time of each tick and the bytes all nodes had sent by then, drawn over nodes
+  as the per-round curves are; a node's model is scored at the same instants whether the
+  protocol is synchronous or not, so the curves of both compare;
+- `idle_fraction.png` (summary.json's node_time): a bar per node (beyond MAX_MATRIX_SIDE
+  nodes, per block of nodes: their mean) of the share of the run its main loop waited
+  idle, with the mean over nodes;
 - and the figures of the installed analysis extensions (extensions.py), such as the
   protocols' own: `learned_graph.png` and `cluster_graph.png` (MAPL, L2C), `utility.png` (FedLinked).
 
@@ -176,7 +184,60 @@ def availability_figures(run: Run) -> Figures:
     yield "availability.png", fig
 
 
-PLOTS = (metric_figures, link_figures, availability_figures)
+def sampled_name(metric: str) -> str:
+    """The stem of the figures of a sampled metric: `accuracy` for test_acc."""
+    return "accuracy" if metric == "test_acc" else f"sampled_{metric}"
+
+
+def _sampled_axes(curves: Curves) -> list[str]:
+    """The time axis, and bytes when the run sent any."""
+    return [axis for axis in usable_axes(curves) if axis != "round"]
+
+
+def sampled_figures(run: Run) -> Figures:
+    """With samples (--eval-every-seconds): the sampled metric against emulated time and bytes sent."""
+    curves = run.curves(axis="time")
+    if curves is None:
+        return
+    every = run.config.get("eval_every_seconds")
+    sampled = f", scored every {every:g} s" if isinstance(every, (int, float)) else ""
+    for axis in _sampled_axes(curves):
+        fig = new_figure()
+        ax = fig.add_subplot()
+        draw_nodes(ax, curves, axis, higher_is_better(curves.metric))
+        label_axes(ax, axis, curves.metric)
+        ax.set_title(f"{run.name}: {run.protocol} on {run.topology}{sampled}", fontsize=9)
+        ax.legend(fontsize=8)
+        yield f"{sampled_name(curves.metric)}_vs_{axis}.png", fig
+
+
+def idle_figures(run: Run) -> Figures:
+    """With node_time: each node's idle fraction (per block of nodes beyond MAX_MATRIX_SIDE), and the mean."""
+    fractions = np.array([float(v) if isinstance(v, (int, float)) else np.nan
+                          for v in (run.node_time or {}).get("idle_fraction") or ()])
+    if not fractions.size or np.all(np.isnan(fractions)):
+        return
+    n = len(fractions)
+    block = node_block(n)
+    starts = np.arange(0, n, block)
+    heights = np.add.reduceat(np.nan_to_num(fractions), starts) / np.maximum(
+        1, np.add.reduceat(~np.isnan(fractions), starts))
+    fig = new_figure(max(4.0, min(9.0, 2.5 + 0.12 * len(starts))), 3.6)
+    ax = fig.add_subplot()
+    ax.bar(starts + (block - 1) / 2, heights, width=0.8 * block, color="C0")
+    mean = float(np.nanmean(fractions))
+    ax.axhline(mean, color="C3", linewidth=1, label=f"mean over nodes {mean:.3f}")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("node" if block == 1 else f"node, blocks of {block} (their mean)")
+    ax.set_ylabel("idle fraction of the run")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{run.name}: {run.protocol}, time each node's loop waited idle", fontsize=9)
+    yield "idle_fraction.png", fig
+
+
+PLOTS = (metric_figures, link_figures, availability_figures, sampled_figures, idle_figures)
 
 
 def figure_makers() -> tuple[FigureMaker, ...]:
@@ -210,28 +271,39 @@ def plot_run(out_dir: Path, partial: bool = False) -> list[Path]:
 
 def overlay_figures(runs: list[Run]) -> Figures:
     """One figure per metric and x-axis with every run's centre and band over nodes as a labelled line;
-    median and 10–90% when a run has more than MAX_NODE_LINES nodes, else mean ± std."""
+    median and 10–90% when a run has more than MAX_NODE_LINES nodes, else mean ± std. Runs with samples
+    (--eval-every-seconds) also get the sampled metric against emulated time and bytes (`accuracy_vs_time.png`)."""
     by_metric: dict[str, list[tuple[Run, Curves]]] = {}
+    sampled: dict[str, list[tuple[Run, Curves]]] = {}
     for run in runs:
         curves = run.curves()
         if curves is not None:
             by_metric.setdefault(curves.metric, []).append((run, curves))
+        curves = run.curves(axis="time")
+        if curves is not None:
+            sampled.setdefault(curves.metric, []).append((run, curves))
     for metric, group in by_metric.items():
-        many = any(many_nodes(c) for _, c in group)
-        for axis in AXES:
-            drawn = [(run, c) for run, c in group if axis in usable_axes(c)]
-            if not drawn:
-                continue
-            fig = new_figure(7.0, 4.4)
-            ax = fig.add_subplot()
-            for k, (run, curves) in enumerate(drawn):
-                band(ax, mean_x(curves, axis), curves, many, f"C{k % 10}", linewidth=1.8, label=run.name)
-            finals = [c.cumulative_bytes[-1] for _, c in drawn] if axis == "bytes" else []
-            if finals and max(finals) > 20 * min(finals):  # runs far apart in bytes: linear would squash the cheap ones
-                ax.set_xscale("log")  # before label_axes: setting the scale resets the tick formatter
-            label_axes(ax, axis, f"{metric} ({SPREAD[many]})")
-            ax.legend(fontsize=7)
-            yield f"{metric}_vs_{axis}.png", fig
+        yield from _overlays(group, metric, AXES, f"{metric}_vs_{{axis}}.png")
+    for metric, group in sampled.items():
+        yield from _overlays(group, metric, ("time", "bytes"), f"{sampled_name(metric)}_vs_{{axis}}.png")
+
+
+def _overlays(group: list[tuple[Run, Curves]], metric: str, axes, name: str) -> Figures:
+    many = any(many_nodes(c) for _, c in group)
+    for axis in axes:
+        drawn = [(run, c) for run, c in group if axis in usable_axes(c)]
+        if not drawn:
+            continue
+        fig = new_figure(7.0, 4.4)
+        ax = fig.add_subplot()
+        for k, (run, curves) in enumerate(drawn):
+            band(ax, mean_x(curves, axis), curves, many, f"C{k % 10}", linewidth=1.8, label=run.name)
+        finals = [c.cumulative_bytes[-1] for _, c in drawn] if axis == "bytes" else []
+        if finals and max(finals) > 20 * min(finals):  # runs far apart in bytes: linear would squash the cheap ones
+            ax.set_xscale("log")  # before label_axes: setting the scale resets the tick formatter
+        label_axes(ax, axis, f"{metric} ({SPREAD[many]})")
+        ax.legend(fontsize=7)
+        yield name.format(axis=axis), fig
 
 
 def overlay_plots(runs: list[Run], out: Path) -> list[Path]:

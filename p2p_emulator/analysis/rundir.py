@@ -5,8 +5,12 @@ without it a run directory is incomplete); `final_metrics` is the one definition
 of summary.json's "final" entry. `read_run` checks the three files every finished
 run has (config.yaml, summary.json, metrics.jsonl) and raises RunDirError with one
 line naming the problem, or, with `partial`, reads an incomplete run's rounds; the
-optional files (links.csv, graph.jsonl, availability.jsonl) are read on demand and
-are None when absent.
+optional files (links.csv, graph.jsonl, availability.jsonl, samples.jsonl) are read on
+demand and are None when absent.
+
+A run's curves have a column per round (`Run.curves(metric)`), or with
+--eval-every-seconds a column per tick of the sampler (`Run.curves(metric, axis="time")`,
+from samples.jsonl): `Curves.x` is the round numbers or the ticks' emulated times.
 """
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ NODE_ROUND_COLUMNS = ("msgs_sent", "bytes_sent", "msgs_received", "bytes_receive
 MAIN_METRICS = ("test_acc", "error", "consensus_distance", "train_loss")
 # Columns the runner adds to every row; never a protocol's metric.
 BOOKKEEPING = {"round", "node", "t", *NODE_ROUND_COLUMNS}
+# Columns of samples.jsonl besides the scores (--eval-every-seconds); bytes are each node's since the start.
+SAMPLE_BOOKKEEPING = {"t", "node", "step", "bytes_sent", "bytes_received"}
+CURVE_AXES = ("round", "time")  # what a Curves' columns are: rounds of metrics.jsonl, or ticks of samples.jsonl
 # Settings that say what a run was tested under, with their values that mean "nothing special".
 SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None),
                  "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",)}
@@ -297,12 +304,20 @@ def higher_is_better(metric: str) -> bool:
 
 @dataclass
 class Curves:
-    """One metric per node per round; NaN where a node logged nothing that round."""
+    """One metric per node per column, NaN where a node logged nothing there. A column is a round
+    (axis "round", from metrics.jsonl) or a tick of --eval-every-seconds (axis "time", from samples.jsonl:
+    each node's model scored at that emulated instant); `x` is the round numbers or the ticks' times."""
     metric: str
-    rounds: np.ndarray            # (R,)
+    rounds: np.ndarray            # (R,) the round of each column; on the time axis, the tick's number from 0
     values: np.ndarray            # (N, R)
-    times: np.ndarray             # (N, R) emulated time at which each node ended each round
-    cumulative_bytes: np.ndarray  # (R,) bytes sent by all nodes up to the end of each round
+    times: np.ndarray             # (N, R) emulated time at which each node ended each round (time axis: the tick's)
+    cumulative_bytes: np.ndarray  # (R,) bytes sent by all nodes up to the end of each round (time axis: the tick)
+    axis: str = "round"
+    x: np.ndarray | None = None   # (R,) the rounds, or the ticks' emulated times; None given: the rounds
+
+    def __post_init__(self):
+        if self.x is None:
+            self.x = self.rounds
 
     @property
     def mean(self) -> np.ndarray:
@@ -320,7 +335,7 @@ class Curves:
 
     @property
     def round_end(self) -> np.ndarray:
-        """When the last node finished each round."""
+        """When the last node finished each round (time axis: the tick's time)."""
         return _nan_reduce(np.nanmax, self.times)
 
     def final(self) -> tuple[float, float, float]:
@@ -331,6 +346,28 @@ class Curves:
         last = sorted(float(v) for v in self.values[:, reported[-1]] if not math.isnan(v))
         worst = last[:max(1, len(last) // 10)] if higher_is_better(self.metric) else last[-max(1, len(last) // 10):]
         return statistics.fmean(last), statistics.pstdev(last), statistics.fmean(worst)
+
+    def column_at(self, x: float) -> int | None:
+        """The last column at or before `x` (a round, or on the time axis an emulated time) in which some
+        node reported; None if there is none."""
+        reported = ~np.all(np.isnan(self.values), axis=0) & (np.asarray(self.x, dtype=float) <= x)
+        return int(np.flatnonzero(reported)[-1]) if reported.any() else None
+
+    def mean_at(self, x: float) -> float:
+        """The mean over nodes at column_at(x): on the time axis, the last tick at or before `x` seconds;
+        NaN before the first."""
+        column = self.column_at(x)
+        return math.nan if column is None else float(self.mean[column])
+
+    def first_reaching(self, target: float) -> int | None:
+        """The first column whose mean over nodes reaches `target` (at least, or at most for a loss or an
+        error; a mean within rounding of it, 1e-9 relative, reaches it: 0.6, 0.8 and 0.7 average to 0.7);
+        None if none does."""
+        mean = self.mean
+        with np.errstate(invalid="ignore"):
+            reached = mean >= target if higher_is_better(self.metric) else mean <= target
+            reached |= np.isclose(mean, target, rtol=1e-9, atol=0)
+        return int(np.argmax(reached)) if reached.any() else None
 
 
 def _nan_reduce(reduce, matrix: np.ndarray) -> np.ndarray:
@@ -409,9 +446,15 @@ class Run:
                 return name
         return min(logged) if logged else None
 
-    def curves(self, metric: str | None = None) -> Curves | None:
-        """`metric` (default: the main metric) per node per round, with times and cumulative bytes; None
-        when the run logged none."""
+    def curves(self, metric: str | None = None, axis: str = "round") -> Curves | None:
+        """`metric` per node per round, with times and cumulative bytes; None when the run logged none.
+
+        axis="time": per node per tick of --eval-every-seconds (samples.jsonl), x the ticks' emulated
+        times, default metric `sampled_metric`; None when the run has no samples of it."""
+        if axis not in CURVE_AXES:
+            raise ValueError(f"axis {axis!r}: expected one of {', '.join(CURVE_AXES)}")
+        if axis == "time":
+            return self._sampled_curves(metric or self.sampled_metric)
         metric = metric or self.main_metric
         if metric is None or not self.metrics:
             return None
@@ -427,6 +470,92 @@ class Run:
         sent = np.bincount(cells[1], weights=np.nan_to_num([_number(row.get("bytes_sent")) for row in self.metrics]),
                            minlength=len(rounds))
         return Curves(metric, np.array(rounds), values, times, np.cumsum(sent))
+
+    def samples(self) -> list[dict] | None:
+        """samples.jsonl's rows (--eval-every-seconds: each node's scores every S emulated seconds, with its
+        step and its bytes sent and received so far), or None when the run has none."""
+        return self._samples
+
+    @cached_property
+    def _samples(self) -> list[dict] | None:
+        rows = self.stream("samples")
+        if rows is not None and any(math.isnan(_number(row.get("t"))) or not isinstance(row.get("node"), int)
+                                    for row in rows):
+            raise RunDirError(f"{self.path / 'samples.jsonl'}: a row lacks a number t or an integer node")
+        return rows or None
+
+    @cached_property
+    def sampled_metric(self) -> str | None:
+        """What samples.jsonl scores: test_acc when it does, else the first of MAIN_METRICS, else its first
+        numeric column; None without samples."""
+        scored = {k for row in self.samples() or () for k, v in row.items()
+                  if not math.isnan(_number(v))} - SAMPLE_BOOKKEEPING
+        for name in MAIN_METRICS:
+            if name in scored:
+                return name
+        return min(scored) if scored else None
+
+    def _sampled_curves(self, metric: str | None) -> Curves | None:
+        """A column per tick; a node with no row at a tick (crashed) is NaN there, but the bytes it sent
+        still count in cumulative_bytes (its last row's)."""
+        cache = self.__dict__.setdefault("_sampled", {})  # report and measures ask again for the same curves
+        if metric not in cache:
+            cache[metric] = self._sampled_columns(metric)
+        return cache[metric]
+
+    def _sampled_columns(self, metric: str | None) -> Curves | None:
+        rows = self.samples()
+        if rows is None or metric is None or not any(not math.isnan(_number(row.get(metric))) for row in rows):
+            return None
+        t = np.array([float(row["t"]) for row in rows])
+        ticks = np.unique(t)
+        cells = (np.array([row["node"] for row in rows]), np.searchsorted(ticks, t))
+        shape = (max(self.num_nodes, int(cells[0].max()) + 1), len(ticks))
+        values, times, sent = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+        values[cells] = [_number(row.get(metric)) for row in rows]
+        times[cells] = ticks[cells[1]]
+        sent[cells] = [_number(row.get("bytes_sent")) for row in rows]
+        last_row = np.maximum.accumulate(np.where(np.isnan(sent), 0, np.arange(len(ticks))), axis=1)
+        sent = np.nan_to_num(np.take_along_axis(sent, last_row, axis=1))  # 0 before a node's first row
+        return Curves(metric, np.arange(len(ticks)), values, times, sent.sum(axis=0), axis="time", x=ticks)
+
+    def time_to_target(self, metric: str, target: float) -> tuple[float, float] | None:
+        """Emulated seconds and bytes sent (all nodes) until the mean over nodes of `metric` first reaches
+        `target` (at least, or at most for a loss or an error); None if it never does.
+
+        With samples of `metric` (--eval-every-seconds): the first tick whose mean reaches it, and the
+        bytes all nodes had sent by then. Else from metrics.jsonl: the end of the first round whose mean
+        reaches it (when its last node finished it) and the bytes sent up to that round's end."""
+        curves = self.curves(metric, axis="time") or self.curves(metric)
+        first = None if curves is None else curves.first_reaching(target)
+        if first is None:
+            return None
+        return float(curves.round_end[first]), float(curves.cumulative_bytes[first])
+
+    def value_at(self, seconds: float, metric: str | None = None) -> float:
+        """The mean over nodes of `metric` (default: sampled_metric) at the last tick of samples.jsonl at or
+        before `seconds` of emulated time; NaN before the first tick or without samples."""
+        curves = self.curves(metric, axis="time")
+        return math.nan if curves is None else curves.mean_at(seconds)
+
+    @property
+    def node_time(self) -> dict[str, list[float]] | None:
+        """summary.json's node_time (per node: compute_seconds, idle_seconds, send_seconds, idle_fraction),
+        or None for a run that has none (written before it, or incomplete)."""
+        node_time = self.summary.get("node_time")
+        return node_time if isinstance(node_time, dict) else None
+
+    @property
+    def idle_fraction(self) -> float:
+        """The mean over nodes of the share of the run each node's main loop waited idle; NaN without node_time."""
+        fractions = [v for v in map(_number, (self.node_time or {}).get("idle_fraction") or ()) if math.isfinite(v)]
+        return statistics.fmean(fractions) if fractions else math.nan
+
+    @property
+    def median_staleness(self) -> float:
+        """summary.json's median staleness (asynchronous protocols that log one); NaN when it has none."""
+        spread = self.summary.get("staleness")
+        return _number(spread.get("median")) if isinstance(spread, dict) else math.nan
 
     @cached_property
     def links(self) -> list[dict] | None:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 from rich.console import Console
 
 from .extensions import extension_measures
@@ -117,6 +116,47 @@ def offline_share(run: Run) -> float:
     return per(down, run.num_nodes * end)
 
 
+def seconds(text: str) -> float:
+    """Emulated seconds, above 0."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def level(text: str) -> float:
+    """A target level of a metric: any finite number."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def metric_name(text: str) -> str:
+    """The name of a column of samples.jsonl or metrics.jsonl."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text):
+        raise ValueError(text)
+    return text
+
+
+def acc_at(run: Run, at: float) -> float:
+    """The mean over nodes of the sampled test_acc at the last tick at or before `at` emulated seconds;
+    NaN without samples.jsonl (--eval-every-seconds) or before its first tick."""
+    return run.value_at(at, "test_acc")
+
+
+def _to_target(run: Run, target: float, metric: str, part: int) -> float:
+    reached = run.time_to_target(metric, target)
+    return math.nan if reached is None else reached[part]
+
+
+def time_to_target(run: Run, metric: str, target: float) -> tuple[float, float] | None:
+    """Emulated seconds and bytes sent (all nodes) until the mean over nodes of `metric` first reaches `target`
+    (at least, or at most for a loss or an error); None if it never does: Run.time_to_target, from samples.jsonl
+    when the run has samples of `metric`, else at the end of the first round whose mean reaches it."""
+    return run.time_to_target(metric, target)
+
+
 MEASURES = {
     "bytes_per_round": Measure(bytes_per_round, "bytes_per_round or bytes_per_round:FIRST-LAST (rounds, inclusive)",
                                (round_range,), optional=1),
@@ -128,6 +168,16 @@ MEASURES = {
     "honest_acc": Measure(honest_acc, "honest_acc"),
     "client_acc": Measure(client_acc, "client_acc:K (K from 0: the K-th node reporting test_acc)", (whole_number,)),
     "offline_share": Measure(offline_share, "offline_share"),
+    "acc_at": Measure(acc_at, "acc_at:SECONDS (the sampled test_acc at that emulated time; --eval-every-seconds)",
+                      (seconds,)),
+    "time_to_target": Measure(lambda run, target, metric="test_acc": _to_target(run, target, metric, 0),
+                              "time_to_target:X or time_to_target:X:METRIC (emulated seconds until the mean over "
+                              "nodes of METRIC, default test_acc, reaches X)", (level, metric_name), optional=1),
+    "bytes_to_target": Measure(lambda run, target, metric="test_acc": _to_target(run, target, metric, 1),
+                               "bytes_to_target:X or bytes_to_target:X:METRIC (bytes all nodes sent until the mean "
+                               "over nodes of METRIC, default test_acc, reaches X)", (level, metric_name), optional=1),
+    "idle_fraction": Measure(lambda run: run.idle_fraction, "idle_fraction"),
+    "median_staleness": Measure(lambda run: run.median_staleness, "median_staleness"),
 }
 
 
@@ -252,19 +302,6 @@ def parse_table(spec, axes: dict[str, list[str]], where: str) -> TableSpec:
 # -- tabulating ----------------------------------------------------------------------------------------
 
 Row = tuple[str, ...]  # a row's label on each of the rows axes
-
-
-def time_to_target(run: Run, metric: str, target: float) -> tuple[float, float] | None:
-    """Emulated time and bytes sent (all nodes) at the end of the first round whose mean over nodes of `metric`
-    reaches `target` (at least, or at most for a loss or error); None if no round does."""
-    curves = run.curves(metric)
-    if curves is None:
-        return None
-    reached = curves.mean >= target if higher_is_better(metric) else curves.mean <= target
-    if not reached.any():
-        return None
-    first = int(np.argmax(reached))
-    return float(curves.round_end[first]), float(curves.cumulative_bytes[first])
 
 
 class Study:
@@ -422,14 +459,20 @@ def _frontier_keys(spec: TableSpec, row: Row, column: str | None) -> tuple[str, 
 
 
 def _plots(folder: Path, study: Study) -> list[Path]:
-    """Per main metric of the runs: each cell's curve by round, and each run's final value against its bytes."""
+    """Per main metric of the runs: each cell's curve by round (and with samples, by emulated time), and each
+    run's final value against its bytes."""
     panels: dict[str, dict[str, dict[str, list[Curves]]]] = {}  # metric -> column -> row -> its runs' curves
+    timed: dict[str, dict[str, dict[str, list[Curves]]]] = {}  # the same, over the ticks of samples.jsonl
     finals: dict[str, dict[str, dict[str, list[tuple[float, float]]]]] = {}  # metric -> series -> cell -> points
     for column in study.columns:
         for row in study.rows:
             name = ", ".join(row)
             series, cell = _frontier_keys(study.spec, row, column)
             for run in study.cells.get((row, column), []):
+                sampled = run.curves(axis="time")
+                if sampled is not None:
+                    timed.setdefault(sampled.metric, {}).setdefault(column or "", {}).setdefault(name, []).append(
+                        sampled)
                 curves = run.curves()
                 if curves is None:
                     continue
@@ -437,7 +480,7 @@ def _plots(folder: Path, study: Study) -> list[Path]:
                 finals.setdefault(curves.metric, {}).setdefault(series, {}).setdefault(cell, []).append(
                     (run.total_bytes, curves.final()[0]))
     series = list(dict.fromkeys(_frontier_keys(study.spec, row, None)[0] for row in study.rows))
-    return study_plots(folder, [", ".join(row) for row in study.rows], series, panels, finals)
+    return study_plots(folder, [", ".join(row) for row in study.rows], series, panels, finals, timed)
 
 
 def tabulate(out: Path, spec: TableSpec, axes: dict[str, list[str]], runs: list[StudyRun],

@@ -1,5 +1,6 @@
 """A study's figures (`emulate sweep`, p2p_emulator/analysis/study.py): per metric, each cell's curve by round
-and each run's final value against the bytes it sent, with the Pareto front."""
+(and, for runs with samples.jsonl, by emulated time) and each run's final value against the bytes it sent, with
+the Pareto front."""
 from __future__ import annotations
 
 import math
@@ -16,15 +17,16 @@ from .rundir import Curves, higher_is_better
 
 
 def over_runs(curves: list[Curves]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rounds, and per round the mean and the sample std over runs of each run's mean over nodes (0: one run);
-    only the rounds some run has a value in (with --eval-every K, the scored ones), so the line joins them."""
-    rounds = np.unique(np.concatenate([c.rounds for c in curves]))
-    means = np.full((len(curves), len(rounds)), np.nan)
+    """The curves' x (rounds, or on the time axis the ticks' emulated times), and per x the mean and the sample std
+    over runs of each run's mean over nodes (0: one run); only the x some run has a value at (with --eval-every K,
+    the scored rounds), so the line joins them."""
+    xs = np.unique(np.concatenate([c.x for c in curves]))
+    means = np.full((len(curves), len(xs)), np.nan)
     for i, c in enumerate(curves):
-        means[i, np.searchsorted(rounds, c.rounds)] = c.mean
+        means[i, np.searchsorted(xs, c.x)] = c.mean
     values = np.ma.masked_invalid(means)
     scored = ~np.ma.getmaskarray(values).all(axis=0)
-    return (rounds[scored], values.mean(axis=0).filled(np.nan)[scored],
+    return (xs[scored], values.mean(axis=0).filled(np.nan)[scored],
             values.std(axis=0, ddof=1).filled(0.0)[scored])
 
 
@@ -35,7 +37,8 @@ def pareto_front(cost: np.ndarray, value: np.ndarray) -> np.ndarray:
     return order[np.r_[True, best[1:] > best[:-1]]]
 
 
-def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colours: dict[str, str | tuple]) -> Figure:
+def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colours: dict[str, str | tuple],
+                  axis: str = "round") -> Figure:
     width = min(len(panels), 4)
     height = math.ceil(len(panels) / width)
     fig = new_figure(3.4 * width + 2.0, 2.8 * height + 0.6)
@@ -45,13 +48,14 @@ def _round_panels(metric: str, panels: dict[str, dict[str, list[Curves]]], colou
             rounds, mean, std = over_runs(curves)
             ax.plot(rounds, mean, color=colours[row], marker="o" if len(rounds) < 3 else None)
             ax.fill_between(rounds, mean - std, mean + std, color=colours[row], alpha=0.2, linewidth=0)
-        label_axes(ax, "round", metric)
+        label_axes(ax, axis, metric)
         ax.set_title(column, fontsize=9)
     for ax in axes[len(panels):]:
         ax.set_axis_off()
     drawn = [row for row in colours if any(row in rows for rows in panels.values())]
     fig.legend([Line2D([], [], color=colours[row]) for row in drawn], drawn, loc="outside right upper", fontsize=8)
-    fig.suptitle(f"{metric}: mean over nodes by round; mean ± std over each cell's runs", fontsize=10)
+    by = "by round" if axis == "round" else "against emulated time"
+    fig.suptitle(f"{metric}: mean over nodes {by}; mean ± std over each cell's runs", fontsize=10)
     return fig
 
 
@@ -102,19 +106,28 @@ def _colours(keys: list[str]) -> dict[str, str | tuple]:
 
 
 def study_plots(folder: Path, rows: list[str], series: list[str], panels: dict[str, dict[str, dict[str, list[Curves]]]],
-                finals: dict[str, Finals]) -> list[Path]:
+                finals: dict[str, Finals], timed: dict[str, dict[str, dict[str, list[Curves]]]] | None = None
+                ) -> list[Path]:
     """Per metric (the runs' main one): `<metric>_by_round.png`, a panel per column of the table (metric -> column ->
     row -> the runs' curves) with a line per row, a colour per row in the order of `rows`; and
     `<metric>_frontier.png`, every run's final value against its bytes (metric -> series -> cell -> points), a
-    colour per series in the order of `series`. A plot that fails is skipped with a warning: the tables are
-    written."""
+    colour per series in the order of `series`. Per metric of `timed` (the runs' sampled curves, as `panels`):
+    `<metric>_by_time.png`, as by round against emulated time. A plot that fails is skipped with a warning: the
+    tables are written."""
     folder.mkdir(exist_ok=True)
-    written = []
+    drawings = []
     for metric in panels:
-        for name, draw in ((f"{metric}_by_round.png", lambda: _round_panels(metric, panels[metric], _colours(rows))),
-                           (f"{metric}_frontier.png", lambda: _frontier(metric, finals[metric], _colours(series)))):
-            try:
-                written.append(save(draw(), folder / name))
-            except Exception as exc:  # noqa: BLE001 - a plot is a by-product of the study
-                warnings.warn(f"plot {name} skipped: {type(exc).__name__}: {exc}")
+        drawings += [(f"{metric}_by_round.png", lambda metric=metric: _round_panels(metric, panels[metric],
+                                                                                     _colours(rows))),
+                     (f"{metric}_frontier.png", lambda metric=metric: _frontier(metric, finals[metric],
+                                                                                _colours(series)))]
+    for metric in timed or {}:
+        drawings.append((f"{metric}_by_time.png",
+                         lambda metric=metric: _round_panels(metric, timed[metric], _colours(rows), "time")))
+    written = []
+    for name, draw in drawings:
+        try:
+            written.append(save(draw(), folder / name))
+        except Exception as exc:  # noqa: BLE001 - a plot is a by-product of the study
+            warnings.warn(f"plot {name} skipped: {type(exc).__name__}: {exc}")
     return written
