@@ -261,11 +261,9 @@ class LearningProtocol(Protocol):
         Both are handles: pass them to node.compute. data has the NodeTensors fields, each
         tensor a handle whose len() is its sample count.
         """
-        own = part is None or part == node.id
         part = node.id if part is None else part
         model, data = node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
-        if own:
-            node.score_with(test_scores, model, data.test_x, data.test_y)  # what --eval-every-seconds scores
+        node.score_with(test_scores, model, data.test_x, data.test_y)  # what --eval-every-seconds scores
         return model, data
 
     def initial_model(self, part: int):

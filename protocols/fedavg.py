@@ -21,7 +21,7 @@ from emulator.protocol import register
 from p2p_emulator.workloads.training import load_state, mix
 
 from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
-                     positive_int, entry_count)
+                     positive_int, entry_count, test_scores)
 
 
 @dataclass
@@ -97,6 +97,8 @@ class FedAvg(LearningProtocol):
         o = self.options
         model = node.keep(self.workload.model(0))  # the common start x0
         test = self._global_test(node) if self.workload.test_set == "global" else None
+        if test is not None:
+            node.score_with(test_scores, model, test.test_x, test.test_y)
         node.carry(CarriedModel(model))
         async for _ in node.rounds():
             reachable = node.neighbours  # all clients, unless a --topology-schedule cuts some off this round
