@@ -1,0 +1,199 @@
+"""Stochastic Gradient Push (Assran, Loizou, Ballas and Rabbat, ICML 2019), asynchronous by default
+(Asynchronous Gradient-Push, Assran and Rabbat, IEEE TAC 2021).
+
+Push-sum on a directed, possibly time-varying graph. Node i holds its biased parameters x_i
+and its push-sum weight w_i (w_i = 1 at the start); its model is the de-biased z_i = x_i / w_i.
+Each step k of node i (its own step counter: the graph of --topology-schedule, e.g.
+one-peer-exponential, is the one of ITS step k):
+  1. draws one minibatch and computes g = grad F_i(z_i), weight decay included
+     (the `gradient` job, charged work = --batch-size);
+  2. x_i <- x_i - lr * g;
+  3. with d out-neighbours, keeps the share 1/(d+1) of (x_i, w_i) and pushes one share
+     (x_i / (d+1), w_i / (d+1)) to each out-neighbour;
+  4. adds every share (x_j', w_j') that has arrived: x_i <- x_i/(d+1) + sum x_j',
+     w_i <- w_i/(d+1) + sum w_j', and z_i = x_i / w_i.
+Asynchronous (the default, AGP): step 4 takes the shares that arrived since the last step,
+whatever step of their senders they come from, and never waits; a node goes at its own pace.
+--sync (SGP): step 4 first waits, at most --timeout and never past --duration (a neighbour
+stopped at the horizon sends no more), for a share from each in-neighbour of step k; a share
+from a sender's later step waits for that step, and one that arrives after its step's wait is
+mixed at the next step (not dropped). One class serves both: it is `asynchronous` (runs to
+--duration, each node's rows are its own steps, final metrics are each node's last row), and
+under --sync the waits keep the nodes' step counters in step.
+--average-only: step 2 skipped, pure push-sum averaging of the initial models (use --init
+independent): every z_i tends to the exact mean of the x_i(0). Step 1 still runs (its loss
+logged, its gradient dropped), so a step takes a training step's time in any compute model.
+
+Sum of x and sum of w over the nodes and the shares in flight are conserved while no message
+is lost. A lost share (--loss, a receiver offline under --churn, a share still in flight at
+the horizon) takes its mass with it: z stays a weighted average of the mass left, but the
+mean it tends to moves; and since step 2 moves z_i by lr/w_i * g, the steps grow as w drains.
+Under steady loss the sum of w falls geometrically (--loss 0.1 on a ring: about 7% a step),
+so training degrades and in the end diverges (a drained node's z becomes infinite, its shares
+are refused as invalid; the run goes on). The papers assume every message arrives (AGP:
+bounded delays); Spiridonoff et al. (JMLR 2020) make push-sum robust to loss with running
+sums, which this protocol does not do.
+
+Each step's row: train_loss; mixed (shares mixed); ps_weight (w_i after mixing); staleness,
+when a share was mixed: the age of the oldest share mixed, counted in the node's own steps
+begun at or after it was sent (0: sent during this step). Test accuracy is scored once, after
+the last step (--eval-every is refused), and on z_i by --eval-every-seconds.
+
+Departures from the papers and the reference code (facebookresearch/stochastic_gradient_push):
+- A share travels as (z_j, w_j/(d+1)) rather than as the numerator x_j/(d+1) (with the weight
+  appended only when the mixing is not regular, as the reference does): the same information,
+  as x_j/(d+1) = (w_j/(d+1)) z_j. The receiver mixes z_i <- (w_keep z_i + sum w_j' z_j) / w_i',
+  a convex combination with w in float64, so nothing underflows when mass leaks and the
+  resident model always holds z_i (what is scored and what the gradient is taken at).
+- Plain SGD (lr, weight decay) with one fresh minibatch per step, as the algorithm box; the
+  reference trains with (Nesterov) momentum 0.9, a warm-up and a step schedule of lr, and a
+  DistributedSampler's epochs.
+- Every floating-point entry of the model is pushed and mixed (BatchNorm running statistics
+  too); the reference gossips module.parameters() only and keeps buffers local.
+- Asynchrony is AGP's: any number of shares in flight, no bound on staleness. The reference's
+  asynchronous variant (overlap, synch_freq) gossips in a background thread, one blocking
+  exchange with the in-peers of the iteration at a time, and a node blocks once it has gone
+  synch_freq iterations without one completing. AGP's step-size scaling for known update rates
+  is not implemented (factor 1).
+- --sync waits at most --timeout per step (the reference blocks for its in-peers without end,
+  failing after a 300 s heartbeat); a late share is mixed later, not lost.
+- The emulator's one-peer exponential schedule cycles the offsets 2^0 .. 2^(tau-1) with
+  tau = floor(log2 n); the reference's cycles 2^0 .. 2^floor(log2(n-1)): the same for n a power
+  of two, one offset fewer otherwise.
+- No lazy mixing (the reference skips de-biasing on regular graphs, where w stays 1).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field, fields
+
+from emulator.compute import Resident
+from emulator.protocol import register
+from p2p_emulator.workloads.lazy import LazyModule
+from p2p_emulator.workloads.task import WorkloadOptions
+from p2p_emulator.workloads.training import gradient, mix
+
+from .common import STATE, CheckedOptions, LearningProtocol, TrainingOptions, check, default, expects, like
+
+torch = LazyModule("torch")
+
+WEIGHT = "w"  # the push-sum weight's share a message carries
+KIND = "share"
+
+
+@dataclass
+class SGPOptions(WorkloadOptions, CheckedOptions):
+    lr: float = default(TrainingOptions, "lr", 0.05)
+    weight_decay: float = default(TrainingOptions, "weight_decay", 5e-4)
+    batch_size: int = default(TrainingOptions, "batch_size", 32)
+    sync: bool = field(default=False, metadata={"help": (
+        "sgp: synchronous SGP: each step waits (at most --timeout) for its in-neighbours' shares of that step "
+        "(default: asynchronous, AGP: mix what has arrived, never wait)")})
+    timeout: float = field(default=60.0, metadata={"help": (
+        "sgp --sync: emulated seconds a step waits for its in-neighbours' shares")})
+    average_only: bool = field(default=False, metadata={"help": (
+        "sgp: apply no gradients, only push-sum averaging of the initial models (with --init independent every "
+        "model tends to their exact mean); each step still computes one, taking a training step's time")})
+
+    def validate(self):
+        super().validate()
+        shared = ("lr", "weight_decay", "batch_size", *(f.name for f in fields(WorkloadOptions)))
+        TrainingOptions(**{name: getattr(self, name) for name in shared}).validate()  # the same checks
+        check("timeout", self.timeout, self.timeout > 0, "must be positive")
+        check("eval-every", self.eval_every, self.eval_every == 1,
+              "sgp scores each node once, after its last step; use --eval-every-seconds")
+
+
+@dataclass
+class Carried:
+    """What a node carries from step to step: z_i (the resident model), w_i, the start times of its steps
+    (for the age of the shares it mixes), and under --sync the shares of its later steps that came early."""
+    model: Resident
+    w: float = 1.0
+    starts: list[float] = field(default_factory=list)
+    early: list = field(default_factory=list)
+
+
+def positive(value) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+def descend(model, grads: dict, step: float) -> None:
+    """z <- z - step * g, in place. A step too large for the model's dtype gives infinities, as the arithmetic
+    would, rather than an error (training.descend's alpha refuses it): a node whose mass drained diverges."""
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, g in grads.items():
+            state[name].sub_(g.to(state[name].device, state[name].dtype) * step)
+
+
+@register("sgp")
+class SGP(LearningProtocol):
+    """Stochastic Gradient Push: push-sum averaging of the SGD iterates; asynchronous (AGP) unless --sync."""
+    Options = SGPOptions
+    averages_models = True
+    asynchronous = True
+
+    async def run(self, node):
+        o = self.options
+        model, data = self.hold(node)
+        carried = node.carry(Carried(model))
+        valid = expects(**{STATE: like(await self.state(node, model)), WEIGHT: positive})
+        async for step in node.rounds():
+            carried.starts.append(node.now())
+            grads, loss = await node.compute(  # 1
+                gradient, model, data.train_x, data.train_y, batch_size=o.batch_size,
+                weight_decay=o.weight_decay, generator=node.torch_generator, work=o.batch_size)
+            if not o.average_only:  # 2, on z: x - lr g = w (z - lr/w g)
+                await node.compute(descend, model, grads, o.lr / carried.w if carried.w else math.inf, work=0)
+            share = 1 / (len(node.neighbours) + 1)  # 3
+            node.broadcast(KIND, {STATE: await self.state(node, model), WEIGHT: carried.w * share})
+            shares = await (self.in_step(node, step, carried, valid) if o.sync else self.arrived(node, valid))
+            await self.mix(node, carried, carried.w * share, shares)  # 4
+            node.log(train_loss=loss, mixed=len(shares), ps_weight=carried.w,
+                     **({"staleness": max(self.age(carried, m) for m in shares)} if shares else {}))
+        await self.log_final_scores(node, model, data)
+
+    @staticmethod
+    async def arrived(node, valid) -> list:
+        """Every share that has arrived, in arrival order; no waiting."""
+        shares = []
+        while (message := await node.recv(timeout=0, kind=KIND, valid=valid)) is not None:
+            shares.append(message)
+        return shares
+
+    async def in_step(self, node, step: int, carried: Carried, valid) -> list:
+        """--sync: the shares of this step and earlier ones, after waiting (at most --timeout) for one from each
+        in-neighbour of this step; shares of later steps are kept for them."""
+        waiting = set(node.in_neighbours)
+        deadline = node.now() + self.options.timeout
+        if self.run_info.duration:  # a neighbour stopped at the horizon sends no more: no wait past it
+            deadline = min(deadline, max(node.now(), self.run_info.duration))
+        ready, carried.early = [m for m in carried.early if m.round <= step], [m for m in carried.early
+                                                                               if m.round > step]
+        waiting -= {m.src for m in ready if m.round == step}
+        while True:
+            message = await node.recv(timeout=0 if not waiting else max(0.0, deadline - node.now()), kind=KIND,
+                                      valid=valid)
+            if message is None:
+                return ready
+            if message.round > step:
+                carried.early.append(message)
+                continue
+            ready.append(message)
+            if message.round == step:
+                waiting.discard(message.src)
+
+    @staticmethod
+    async def mix(node, carried: Carried, kept: float, shares: list) -> None:
+        """z_i <- (kept z_i + sum w_j' z_j) / w_i', w_i' = kept + sum w_j': x_i <- x_i/(d+1) + sum x_j'."""
+        total = carried.w = kept + sum(m.body[WEIGHT] for m in shares)
+        if total:  # else w underflowed to 0 and nothing arrived: no mass, nothing to mix
+            await node.compute(mix, carried.model, kept / total,
+                               [(m.body[WEIGHT] / total, m.body[STATE]) for m in shares], work=0)
+
+    @staticmethod
+    def age(carried: Carried, message) -> int:
+        """How many of the node's own steps began at or after the share was sent (0: sent during the current step)."""
+        return len(carried.starts) - bisect.bisect_left(carried.starts, message.t_send)
