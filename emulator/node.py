@@ -142,7 +142,8 @@ class Node:
 
     async def recv(self, timeout: float | None = None, kind: str | None = None,
                    valid: Callable[[Any], bool] | None = None) -> Message | None:
-        """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds.
+        """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds (at --duration at
+        the latest).
 
         With `valid`, a message whose body it rejects (or raises on) is dropped as invalid, unseen.
         """
@@ -220,6 +221,9 @@ class Node:
     async def _wait(self, deadline: float | None, wakes: Callable[[Message], bool] | None = None) -> bool:
         """Wait for the next arrival (one `wakes` accepts, if given); False once the deadline has passed."""
         clock = self._clock
+        horizon = self._context.duration
+        if horizon and deadline is not None and deadline > horizon:
+            deadline = max(horizon, clock.now)  # past --duration, no one waits for what has not come
         if deadline is not None and clock.now >= deadline:
             return False
         waiter = clock.loop.create_future()

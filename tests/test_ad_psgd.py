@@ -117,7 +117,7 @@ def test_a_bipartite_graph_splits_active_and_passive_nodes(tmp_path):
     assert all(asks[i] != asks[j] for i, j in nx.cycle_graph(8).edges)  # and its neighbours do the other
     totals = result.summary["exchanges"]
     assert totals["busy"] == totals["refused"] == 0  # an answering node never waits
-    assert totals["averaged"] == totals["answered"] > 0
+    assert totals["averaged"] > 0 and 0 <= totals["answered"] - totals["averaged"] <= 4  # at most one per asker, at the horizon
 
 
 def test_on_an_odd_ring_every_node_asks_and_answers_and_collisions_back_off(tmp_path):
@@ -128,7 +128,9 @@ def test_on_an_odd_ring_every_node_asks_and_answers_and_collisions_back_off(tmp_
     assert all(row["requested"] > 0 and row["answered"] > 0 for row in _exchanges(result.out_dir).values())
     totals = result.summary["exchanges"]
     assert totals["busy"] == totals["refused"] > 0
-    assert totals["averaged"] == totals["answered"] > 2 * totals["busy"]
+    # an answer still on its way at the horizon is not waited for: at most one exchange per asker is left half done
+    assert 0 <= totals["answered"] - totals["averaged"] <= 7
+    assert totals["averaged"] > 2 * totals["busy"]
 
 
 def test_momentum_keeps_its_buffer_and_learns(tmp_path):
