@@ -167,9 +167,7 @@ class SGP(LearningProtocol):
         """--sync: the shares of this step and earlier ones, after waiting (at most --timeout) for one from each
         in-neighbour of this step; shares of later steps are kept for them."""
         waiting = set(node.in_neighbours)
-        deadline = node.now() + self.options.timeout
-        if self.run_info.duration:  # a neighbour stopped at the horizon sends no more: no wait past it
-            deadline = min(deadline, max(node.now(), self.run_info.duration))
+        deadline = node.now() + self.options.timeout  # (a wait ends at --duration at the latest)
         ready, carried.early = [m for m in carried.early if m.round <= step], [m for m in carried.early
                                                                                if m.round > step]
         waiting -= {m.src for m in ready if m.round == step}
