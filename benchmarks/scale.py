@@ -9,6 +9,8 @@ Each run goes through the `emulate` command in a process of its own and reports:
 - peak memory (peak RSS of that process, VmHWM);
 - bytes per node: peak RSS minus the RSS of the same process before the run (its
   imports done: torch too for learning runs), over the node count.
+randomized-gossip-100k runs about five Poisson ticks per node (--duration 5), beside gossip-100k's five
+synchronous rounds; their messages per second are compared in the same session.
 The throughput rows compare messages per second of the 50,000-node gossip run (messages
 delivered over the emulation's wall time), and of throughput.py's message path spread over
 50,000 nodes, with the small run of benchmarks/throughput.py, measured in this same session:
@@ -34,11 +36,13 @@ from rich.table import Table
 
 GIB = 2**30
 GOSSIP = ["--protocol", "gossip", "--topology", "regular:d=4", "--dim", "8"]
+RANDOMIZED = ["--protocol", "randomized-gossip", "--topology", "regular:d=4"]  # about 5 ticks per node
 DIGITS = ["--protocol", "dfedavgm", "--dataset", "digits", "--partition", "iid", "--rounds", "3", "--no-plots"]
 RUNS = {  # name: (emulate flags, nodes, target wall s, target peak GiB)
     "gossip-16-plots": ([*GOSSIP, "--nodes", "16", "--rounds", "5"], 16, 1.2, None),
     "gossip-10k-plots": ([*GOSSIP, "--nodes", "10000", "--rounds", "20"], 10_000, 60, 2),
     "gossip-100k": ([*GOSSIP, "--nodes", "100000", "--rounds", "5", "--no-plots"], 100_000, 45, 2),
+    "randomized-gossip-100k": ([*RANDOMIZED, "--nodes", "100000", "--duration", "5", "--no-plots"], 100_000, None, 2),
     "dfedavgm-1000": ([*DIGITS, "--model", "cnn-small", "--topology", "regular:d=4", "--nodes", "1000"], 1000, None, 4),
     "dfedavgm-mesh-256": ([*DIGITS, "--model", "mlp", "--topology", "mesh", "--nodes", "256"], 256, None, 4),
     "gossip-50k": ([*GOSSIP, "--nodes", "50000", "--rounds", "5", "--no-plots"], 50_000, None, None),
@@ -47,6 +51,9 @@ RUNS = {  # name: (emulate flags, nodes, target wall s, target peak GiB)
 DEFAULT = [name for name in RUNS if name != "gossip-1m"]
 # Of the small run's messages per second: the message path over 50,000 nodes, and 50,000-node gossip.
 PATH_TARGET, GOSSIP_TARGET = 0.8, 0.5
+# Of 100k-node synchronous gossip's messages per second (the same run of this script): 100k-node randomized gossip,
+# whose exchanges each take a request and an answer, at instants of their own.
+RANDOMIZED_TARGET = 1.0
 STARTUP = ["--protocol", "dfedavgm", "--dataset", "digits", "--nodes", "16", "--rounds", "0", "--quiet"]
 PLAIN_START = """
 import torch
@@ -77,7 +84,7 @@ def child(name: str) -> dict:
     from p2p_emulator.cli import main as emulate
 
     flags, nodes, *_ = RUNS[name]
-    if "gossip" not in flags:
+    if "--dataset" in flags:
         import torch  # noqa: F401  what a learning run loads anyway: not the nodes' memory
         import p2p_emulator.workloads.models  # noqa: F401
     before = _rss()
@@ -157,6 +164,13 @@ def main() -> None:
             met = "[green]met" if large >= target * rate["small"] else "[red]missed"
             console.print(f"throughput, {what}: {large:,.0f} msgs/s against the small run's {rate['small']:,.0f}: "
                           f"ratio {large / rate['small']:.2f} (target >= {target}) {met}")
+    if {"gossip-100k", "randomized-gossip-100k"} <= results.keys():
+        synchronous, randomized = (results[name]["messages"] / results[name]["emulation_wall"]
+                                   for name in ("gossip-100k", "randomized-gossip-100k"))
+        met = "[green]met" if randomized >= RANDOMIZED_TARGET * synchronous else "[red]missed"
+        console.print(f"throughput, 100k-node randomized gossip: {randomized:,.0f} msgs/s against synchronous "
+                      f"gossip's {synchronous:,.0f}: ratio {randomized / synchronous:.2f} "
+                      f"(target >= {RANDOMIZED_TARGET}) {met}")
     if not args.no_startup:
         run, plain = startup()
         met = "[green]met" if run - plain <= STARTUP_TARGET else "[red]missed"

@@ -1,5 +1,6 @@
 """Gossip learning through the real network path."""
 import json
+import statistics
 from collections import Counter
 
 import pytest
@@ -96,3 +97,84 @@ def test_the_same_seed_gives_identical_files(tmp_path, traced):
     _run(second, "--protocol", "gossip-learning", "--rounds", "10", "--trace")
     for name in ("metrics.jsonl", "links.csv"):
         assert (first / name).read_bytes() == (second / name).read_bytes()
+
+
+# -- --wake-up periodic and poisson: each node's own clock (the paper's schedule)
+
+def _wake_up_run(out, wake_up, *args):
+    return _run(out, "--protocol", "gossip-learning", "--wake-up", wake_up, "--duration", "20", "--trace", *args)
+
+
+@pytest.fixture(scope="module", params=["periodic", "poisson"])
+def woken(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("wake-up") / request.param
+    summary, metrics = _wake_up_run(out, request.param)
+    return request.param, summary, metrics, out
+
+
+def _step_ends(metrics) -> dict[int, list[float]]:
+    """Each node's step ends: its next wake-up (the last one: the horizon)."""
+    ends = {i: [] for i in range(N)}
+    for row in sorted(metrics, key=lambda r: r["round"]):
+        ends[row["node"]].append(row["t"])
+    return ends
+
+
+def test_wake_ups_are_each_nodes_own(woken):
+    """periodic: every --period at a phase of the node's own; poisson: exponential gaps of mean --period."""
+    wake_up, _, metrics, _ = woken
+    ends = _step_ends(metrics)
+    gaps = [b - a for times in ends.values() for a, b in zip(times[:-1], times[1:-1])]  # wake-up to wake-up
+    phases = [times[0] % 1.0 for times in ends.values()]
+    assert len(set(phases)) == N and max(phases) - min(phases) > 0.5
+    if wake_up == "periodic":
+        assert gaps == pytest.approx([1.0] * len(gaps), abs=1e-9)
+        assert {len(times) for times in ends.values()} == {20}  # 20 wake-ups in 20 s, whatever the phase
+    else:
+        assert len(gaps) > 200
+        assert statistics.fmean(gaps) == pytest.approx(1.0, rel=0.15)
+        assert 0.7 < statistics.pstdev(gaps) / statistics.fmean(gaps) < 1.3
+        assert len({len(times) for times in ends.values()}) > 3
+
+
+def test_each_wake_up_pushes_once_and_each_model_received_is_merged_and_trained_on(woken):
+    _, summary, metrics, out = woken
+    messages = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
+    steps = Counter(row["node"] for row in metrics)
+    assert Counter(m["src"] for m in messages) == steps
+    assert all((m["dst"] - m["src"]) % N in (1, N - 1) for m in messages)
+    delivered = sum(m["fate"] == "delivered" for m in messages)
+    in_flight = sum(m["fate"] is None or m["t_arrive"] is None for m in messages)
+    # each model is trained on once it arrives; the last ones may land after their receiver's last step
+    assert delivered - N <= sum(r["heard_from"] for r in metrics) <= delivered and in_flight <= N
+    assert all(("train_loss" in r) == (r["heard_from"] > 0) for r in metrics)
+
+
+def test_wake_ups_learn_and_report_each_nodes_last_row(woken):
+    _, summary, metrics, _ = woken
+    last = {row["node"]: row for row in metrics}
+    assert all("test_acc" in row for row in last.values())  # scored once, into each node's last row
+    assert sum("test_acc" in row for row in metrics) == N
+    assert summary["final"]["test_acc_nodes"] == N
+    assert summary["final"]["test_acc"] >= 0.8
+
+
+def test_wake_ups_give_identical_files_for_the_same_seed(tmp_path, woken):
+    wake_up, _, _, first = woken
+    second = tmp_path / "again"
+    _wake_up_run(second, wake_up)
+    for name in ("metrics.jsonl", "links.csv", "messages.jsonl"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_an_unknown_wake_up_exits_2_with_one_line(tmp_path, capsys):
+    assert main([*RING16, "--protocol", "gossip-learning", "--rounds", "1", "--wake-up", "async",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert_one_line_error(capsys, "--wake-up")
+
+
+def test_wake_ups_need_a_duration(tmp_path, capsys):
+    assert main([*RING16, "--protocol", "gossip-learning", "--rounds", "3", "--wake-up", "poisson",
+                 "--out", str(tmp_path / "r")]) == 2
+    assert_one_line_error(capsys, "--duration")
+    assert not (tmp_path / "r" / "summary.json").exists()
