@@ -68,19 +68,6 @@ class _VirtualSelector:
         return getattr(self._real, name)
 
 
-class _OrderedTimer(asyncio.TimerHandle):
-    """Timers due at the same instant fire in the order they were set, so runs are reproducible."""
-    __slots__ = ("_seq",)
-    _counter = itertools.count()
-
-    def __init__(self, when, callback, args, loop, context=None):
-        super().__init__(when, callback, args, loop, context)
-        self._seq = next(self._counter)
-
-    def __lt__(self, other):
-        if self._when == other._when:
-            return self._seq < other._seq
-        return self._when < other._when
 
 
 class _ReadyHandle(asyncio.Handle):
@@ -96,6 +83,7 @@ class _ReadyHandle(asyncio.Handle):
 class _VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: "VirtualClock"):
         self._clock = self.clock = clock
+        self._order = itertools.count()
         super().__init__(_VirtualSelector(clock))
 
     def call_soon(self, callback, *args, context=None):
@@ -108,8 +96,10 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
 
     def call_at(self, when, callback, *args, context=None):
         self._check_closed()
-        timer = _OrderedTimer(when, callback, args, self, context)
-        heapq.heappush(self._scheduled, timer)
+        timer = asyncio.TimerHandle(when, callback, args, self, context)
+        # The heap holds (when, order set, timer): timers due at one instant fire in the order they were set,
+        # so runs are reproducible; tuples compare in C, a timer's own __lt__ would be a Python call per comparison.
+        heapq.heappush(self._scheduled, (when, next(self._order), timer))
         timer._scheduled = True
         return timer
 
@@ -122,19 +112,19 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
         scheduled, ready = self._scheduled, self._ready
         if len(scheduled) > 100 and self._timer_cancelled_count * 2 > len(scheduled):
             kept = []  # over half the timers are cancelled: drop them all, as asyncio does
-            for timer in scheduled:
-                if timer._cancelled:
-                    timer._scheduled = False
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
                 else:
-                    kept.append(timer)
+                    kept.append(entry)
             heapq.heapify(kept)
             self._scheduled = scheduled = kept
             self._timer_cancelled_count = 0
         if not ready and not self._stopping:
             self._process_events(self._selector.select(None))
         now = self._clock.now
-        while scheduled and scheduled[0]._when <= now:  # timers due now (cancelled ones are skipped below)
-            timer = heapq.heappop(scheduled)
+        while scheduled and scheduled[0][0] <= now:  # timers due now (cancelled ones are skipped below)
+            timer = heapq.heappop(scheduled)[2]
             timer._scheduled = False
             ready.append(timer)
         for _ in range(len(ready)):
@@ -232,22 +222,22 @@ class VirtualClock:
         """Jump to the next event or timer; False when there is none."""
         if self._unsettled:
             self._settle()
-        scheduled = self.loop._scheduled
-        while scheduled and scheduled[0]._cancelled:
-            heapq.heappop(scheduled)._scheduled = False
+        scheduled = self.loop._scheduled  # (when, order, timer)
+        while scheduled and scheduled[0][2]._cancelled:
+            heapq.heappop(scheduled)[2]._scheduled = False
         instants = self._instants
         if self._idle and not self.loop._ready and not (instants and instants[0] <= self.now) and not (
-                scheduled and scheduled[0]._when <= self.now):
+                scheduled and scheduled[0][0] <= self.now):
             callback, args = self._idle.popleft()
             callback(*args)
-        elif instants and (not scheduled or instants[0] <= scheduled[0]._when):
+        elif instants and (not scheduled or instants[0] <= scheduled[0][0]):
             self.now = max(self.now, instants[0])
             while instants and instants[0] <= self.now:
                 # Events scheduled for this instant while it runs go to a list of their own, run next.
                 for callback, args in self._due.pop(heapq.heappop(instants)):
                     callback(*args)
         elif scheduled:
-            self.now = max(self.now, scheduled[0]._when)
+            self.now = max(self.now, scheduled[0][0])
         else:
             return bool(self.loop._ready or self.loop._stopping)
         return True

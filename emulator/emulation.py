@@ -49,6 +49,7 @@ class Emulation:
         self._handle_of = handle_maker()  # what a protocol gets: the node API only
         self._running: set[int] = set()
         self._retired: set[int] = set()  # nodes whose coroutine ended
+        self._ticks = 0  # the sampler's ticks so far
 
     def _save(self, rnd: int) -> None:
         """The state at round rnd's barrier, to the checkpoint writer."""
@@ -110,8 +111,10 @@ class Emulation:
             self.recorder.record("samples", {"t": now, "node": node.id, "step": node.round,
                                              **self.compute.peek(node.id, fn, *args),
                                              "bytes_sent": sent[node.id], "bytes_received": received[node.id]})
-        if len(self._retired) < len(self.nodes) and (not self.duration or now + self.eval_every_seconds <= self.duration):
-            self.clock.schedule(now + self.eval_every_seconds, self._sample)
+        self._ticks += 1
+        later = (self._ticks + 1) * self.eval_every_seconds  # k S exactly: no sum of S's rounding on
+        if len(self._retired) < len(self.nodes) and (not self.duration or later <= self.duration):
+            self.clock.schedule(later, self._sample)
 
     def node_time(self) -> dict[str, list[float]]:
         """Each node's emulated seconds computing (jobs charged), waiting idle (its loop waiting for messages or
@@ -128,7 +131,7 @@ class Emulation:
             if self.availability is not None and not self.resumed:  # resumed: its transitions are back on the clock
                 self.availability.start()
             if self.eval_every_seconds:
-                self.clock.schedule(self.clock.now + self.eval_every_seconds, self._sample)
+                self.clock.schedule(self.eval_every_seconds, self._sample)
             for node in self.nodes:
                 task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))
                 task._log_destroy_pending = False  # as gather does for its own: a failed run leaves them

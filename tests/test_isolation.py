@@ -52,8 +52,10 @@ def fingerprint(value, seen=None):
 def _settings(name: str) -> dict:
     fields = {f.name for f in dataclasses.fields(REGISTRY[name].Options)}
     settings = {"protocol": name, "nodes": 4, "rounds": 2, "quiet": True, "no_plots": True}
-    if name == "fedavg":
+    if name in ("fedavg", "fedbuff"):
         settings["topology"] = "star"
+    if REGISTRY[name].asynchronous:  # it runs to a horizon: with --rounds too, whichever comes first
+        settings["duration"] = 5.0
     if "model" in fields and name not in ("mapl", "mapl+"):
         settings["model"] = "mlp:hidden=16"
     if "local_epochs" in fields:
@@ -65,7 +67,8 @@ def _settings(name: str) -> dict:
 def test_a_run_leaves_the_protocol_object_unchanged(tmp_path, name):
     config, options = resolve(_settings(name), REGISTRY)
     graph, _ = build_topology(config)
-    run_info = RunInfo(graph.number_of_nodes(), config.rounds, Seeds(config.seed), graph, "cpu", tmp_path)
+    run_info = RunInfo(graph.number_of_nodes(), config.rounds, Seeds(config.seed), graph, "cpu", tmp_path,
+                       duration=config.duration)
     protocol = REGISTRY[name](options, run_info)
     before = fingerprint(vars(protocol))
     with ThreadExecutor(2) as executor:

@@ -52,12 +52,12 @@ AVAILABILITY_BINS = 400
 UPTIME = LinearSegmentedColormap.from_list("uptime", ["tab:red", "#b5deb5"])  # down .. up
 
 
-def _metric_figure(run: Run, curves: Curves, axis: str) -> Figure:
+def _metric_figure(run: Run, curves: Curves, axis: str, note: str = "") -> Figure:
     fig = new_figure()
     ax = fig.add_subplot()
     draw_nodes(ax, curves, axis, higher_is_better(curves.metric))
     label_axes(ax, axis, curves.metric)
-    ax.set_title(f"{run.name}: {run.protocol} on {run.topology}", fontsize=9)
+    ax.set_title(f"{run.name}: {run.protocol} on {run.topology}{note}", fontsize=9)
     ax.legend(fontsize=8)
     return fig
 
@@ -202,13 +202,7 @@ def sampled_figures(run: Run) -> Figures:
     every = run.config.get("eval_every_seconds")
     sampled = f", scored every {every:g} s" if isinstance(every, (int, float)) else ""
     for axis in _sampled_axes(curves):
-        fig = new_figure()
-        ax = fig.add_subplot()
-        draw_nodes(ax, curves, axis, higher_is_better(curves.metric))
-        label_axes(ax, axis, curves.metric)
-        ax.set_title(f"{run.name}: {run.protocol} on {run.topology}{sampled}", fontsize=9)
-        ax.legend(fontsize=8)
-        yield f"{sampled_name(curves.metric)}_vs_{axis}.png", fig
+        yield f"{sampled_name(curves.metric)}_vs_{axis}.png", _metric_figure(run, curves, axis, sampled)
 
 
 def idle_figures(run: Run) -> Figures:
