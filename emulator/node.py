@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -251,13 +250,13 @@ class Node:
         if mailbox.served is None:
             mailbox.served = {}
         if inspect.iscoroutinefunction(handler):
-            queue = _Queue(self._clock.loop)
-            mailbox.served[kind] = queue.put
+            queue: asyncio.Queue = asyncio.Queue()
+            mailbox.served[kind] = queue.put_nowait
             self.servers.append(asyncio.ensure_future(self._serve(queue, handler, valid)))
         else:
             mailbox.served[kind] = lambda message: handler(message) if self._opens(message, valid) else None
 
-    async def _serve(self, queue: "_Queue", handler: Callable, valid: Callable[[Any], bool] | None) -> None:
+    async def _serve(self, queue: asyncio.Queue, handler: Callable, valid: Callable[[Any], bool] | None) -> None:
         while True:
             message = await queue.get()
             if self._opens(message, valid):
@@ -369,25 +368,6 @@ class Node:
 
         self._context.compute.executor.keep(self.id, key, torch.Generator())
         self._torch_generator = Resident(self.id, key)
-
-
-class _Queue:
-    """Messages a node.serve coroutine has still to handle, and its wait for the next one."""
-    __slots__ = ("loop", "messages", "waiter")
-
-    def __init__(self, loop):
-        self.loop, self.messages, self.waiter = loop, deque(), None
-
-    def put(self, message: Message) -> None:
-        self.messages.append(message)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def get(self) -> Message:
-        while not self.messages:
-            self.waiter = self.loop.create_future()
-            await self.waiter
-        return self.messages.popleft()
 
 
 class _Awaited:
