@@ -66,20 +66,19 @@ def average(model, updates: list[tuple[int, dict]]) -> None:
         mix(model, 0.0, [(n / total, state) for n, state in updates])
 
 
-@register("fedavg")
-class FedAvg(LearningProtocol):
-    """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
-    Options = FedAvgOptions
-    checkpointable = True
+class ServerAndClients(LearningProtocol):
+    """A server node (the centre of a star) and clients that hold the data, a part each; the server's
+    global model is one architecture, from the common x0. Not a protocol: FedAvg and FedBuff are."""
     averages_models = True
 
     def __init__(self, options, run_info):
         self.server, self.clients = star(run_info.graph, self.name)
-        if options.clients_per_round > len(self.clients):
-            raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
-                             f"{len(self.clients)} clients (node {self.server} is the server)")
+        self.check_clients(options)
         super().__init__(options, run_info, parts=len(self.clients))
         self.part = {client: part for part, client in enumerate(self.clients)}
+
+    def check_clients(self, options) -> None:
+        """Refuse, before the workload is built, options the clients cannot meet."""
 
     async def run(self, node):
         await (self._serve(node) if node.id == self.server else self._client(node))
@@ -92,6 +91,23 @@ class FedAvg(LearningProtocol):
         elif self.workload.test_set == "local":
             data = keep_data(node, self.workload.data(self.part[node.id]))
             node.log(**await self.scores(node, node.keep(self.workload.model(0)), data))
+
+    def _global_test(self, node):
+        """The whole test split, kept where the server's jobs run."""
+        x, y = self.workload.global_test()
+        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y))
+
+
+@register("fedavg")
+class FedAvg(ServerAndClients):
+    """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
+    Options = FedAvgOptions
+    checkpointable = True
+
+    def check_clients(self, options):
+        if options.clients_per_round > len(self.clients):
+            raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
+                             f"{len(self.clients)} clients (node {self.server} is the server)")
 
     async def _serve(self, node):
         o = self.options
@@ -152,10 +168,6 @@ class FedAvg(LearningProtocol):
         valid = lambda body: body is None or model_body(body)  # noqa: E731 - None: not sampled this round
         return await from_server(node, "model", valid, 2 * self.options.timeout)
 
-    def _global_test(self, node):
-        """The whole test split, kept where the server's jobs run."""
-        x, y = self.workload.global_test()
-        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y))
 
     def summary(self, records):
         return {"server": self.server}

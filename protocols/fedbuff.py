@@ -42,15 +42,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from emulator.errors import UsageError
 from emulator.protocol import register
 from p2p_emulator.workloads.training import float_state, load_state, mix
 
-from .common import (STATE, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects, keep_data,
+from .common import (STATE, SGDOptions, TimeoutOptions, check, default, expects, keep_data,
                      positive_int, test_scores)
-from .fedavg import star
+from .fedavg import ServerAndClients
 
 DELTA = "delta"  # x_k - x: what a FedBuff client sends
 
@@ -130,29 +129,14 @@ class Server:
 
 
 @register("fedbuff")
-class FedBuff(LearningProtocol):
+class FedBuff(ServerAndClients):
     """FedBuff: clients train at their own pace; the server applies every K updates (K = 1: FedAsync)."""
     Options = FedBuffOptions
-    averages_models = True
     asynchronous = True
 
     def __init__(self, options, run_info):
-        self.server, self.clients = star(run_info.graph, self.name)
-        super().__init__(options, run_info, parts=len(self.clients))
-        self.part = {client: part for part, client in enumerate(self.clients)}
+        super().__init__(options, run_info)
         self.horizon = run_info.duration or math.inf
-
-    async def run(self, node):
-        await (self._serve(node) if node.id == self.server else self._client(node))
-
-    async def run_no_rounds(self, node):
-        """--rounds 0: the scores of the initial global model, as a step would have them."""
-        if node.id == self.server:
-            if self.workload.test_set == "global":
-                node.log(**await self.scores(node, node.keep(self.workload.model(0)), self._global_test(node)))
-        elif self.workload.test_set == "local":
-            model, data = self._hold_client(node)
-            node.log(**await self.scores(node, model, data))
 
     # -- the server
 
@@ -207,11 +191,6 @@ class FedBuff(LearningProtocol):
     async def _answer(self, node, server: Server, client: int) -> None:
         if client in node.neighbours:
             node.send(client, "model", {STATE: await self.state(node, server.model), "version": server.version})
-
-    def _global_test(self, node):
-        """The whole test split, kept where the server's jobs run."""
-        x, y = self.workload.global_test()
-        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y))
 
     # -- a client
 
