@@ -16,6 +16,7 @@ from emulator.emulation import Emulation
 from emulator.node import Node
 from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
+from protocols.fedavg import ServerAndClients
 
 REGISTRY = protocols()
 
@@ -52,8 +53,8 @@ def fingerprint(value, seen=None):
 def _settings(name: str) -> dict:
     fields = {f.name for f in dataclasses.fields(REGISTRY[name].Options)}
     settings = {"protocol": name, "nodes": 4, "rounds": 2, "quiet": True, "no_plots": True}
-    if name in ("fedavg", "fedbuff"):
-        settings["topology"] = "star"
+    if issubclass(REGISTRY[name], ServerAndClients):  # a server and four clients (two clusters of two)
+        settings.update(topology="star", nodes=5)
     if REGISTRY[name].asynchronous:  # it runs to a horizon: with --rounds too, whichever comes first
         settings["duration"] = 5.0
     if "model" in fields and name not in ("mapl", "mapl+"):

@@ -196,6 +196,8 @@ def check_options(o: WorkloadOptions) -> None:
                             "together they must leave training samples (sum below 1)")
     if o.eval_every < 1:
         raise WorkloadError(f"--eval-every {o.eval_every}: must be at least 1")
+    if o.d_z < 1:
+        raise WorkloadError(f"--d-z {o.d_z}: must be at least 1")
     if o.data_root and Path(o.data_root).expanduser().exists() and not Path(o.data_root).expanduser().is_dir():
         raise WorkloadError(f"--data-root {o.data_root}: is not a directory")
     try:

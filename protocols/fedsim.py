@@ -1,0 +1,76 @@
+"""FedSim (Pillutla et al., ICML 2022, partial personalisation): a shared part averaged by a server,
+a personal part that stays on the client; as the MAPL paper runs it, the shared part is the
+classifier head and the personal part the backbone, so every client may have its own architecture.
+
+On the star of protocols/personalised.py, round r:
+  client k: load the averaged head phi (from round r-1; round 0: its own), then train backbone and
+            head together (FedSim: "simultaneous") by local SGD on its n_k samples; send (phi_k, n_k);
+  server:   phi <- sum_k n_k phi_k / sum_k n_k over the heads heard before --timeout, sent back;
+  client k: loads phi and scores backbone_k with phi on its own test split.
+The head is ReLU, then Linear(d_z, K) without bias (K x d_z floats, the MAPL paper's phi), so
+every backbone needs the same --d-z.
+
+The MAPL paper (appendix C.2): "only the prediction head is aggregated over all clients with the help
+of a central server. This setting further allows each client to have a heterogeneous backbone while
+sharing a common architecture for the prediction head." Table 7 counts 2 M phi T.
+
+Compared with the authors' code (facebookresearch/FL_partial_personalization, pfl/optim/fedsim.py and
+pfl_base.py), update rule by update rule:
+- local step: the same (all parameters by one client optimiser, cross-entropy; their optional l2
+  penalty on the personal part is 0 by default, as here);
+- server step: theirs applies the weighted mean delta with a server optimiser (SGD, --server-lr 1 and
+  no momentum by default), which is the weighted mean of the heads, as here. They weight by the number
+  of local batches ("a proxy for dataset size"); here by n_k, the samples;
+- their clients are sampled each round; here every client takes part, as in the MAPL paper;
+- scoring: the personal part with the server's shared part after the round, as theirs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.protocol import register
+from p2p_emulator.workloads.training import float_state, load_state
+
+from .common import SGDOptions, TimeoutOptions, default, expects, positive_int
+from .personalised import PersonalisedStar, weighted_mean
+
+HEAD = "head"
+
+
+@dataclass
+class FedSimOptions(TimeoutOptions, SGDOptions):
+    partition: str = default(SGDOptions, "partition", "mapl:scenario=1")
+    model: str = default(SGDOptions, "model", "hetero-small")
+    d_z: int = default(SGDOptions, "d_z", 128)
+    init: str = default(SGDOptions, "init", "independent")
+
+
+def head(model) -> dict:
+    """The classifier head's floating-point tensors, on the CPU (a copy)."""
+    return {k: v.cpu() for k, v in float_state(model.classifier).items()}
+
+
+def load_head(model, shared: dict) -> None:
+    load_state(model.classifier, shared[HEAD])
+
+
+@register("fedsim")
+class FedSim(PersonalisedStar):
+    """FedSim: personal backbones, a classifier head averaged by the server."""
+    Options = FedSimOptions
+    checkpointable = True
+    state_copies = 1.0
+
+    async def local_round(self, node, model, data, shared):
+        loss = await self.train(node, model, data)  # the averaged head is in place since the last round
+        return loss, {HEAD: await node.compute(head, model, work=0), "samples": len(data.train_y)}
+
+    @staticmethod
+    def combine(bodies):
+        return {HEAD: weighted_mean([(b["samples"], b[HEAD]) for b in bodies])}
+
+    take = staticmethod(load_head)
+
+    def make_checks(self):
+        example = head(self.initial_model(0))
+        return expects(**{HEAD: example, "samples": positive_int}), expects(**{HEAD: example})
