@@ -84,9 +84,8 @@ def measure(out: Path, flags: list[str]) -> dict:
 
 def cells(args) -> list[tuple[str, int, int, str]]:
     datasets = [args.only] if args.only else list(SETUPS)
-    return [(dataset, rounds, seed, rule) for dataset in datasets for rounds in SETUPS[dataset][2]
-            if not args.rounds or rounds in args.rounds for seed in SETUPS[dataset][1]
-            if not args.seeds or seed in args.seeds for rule in args.rules]
+    return [(dataset, rounds, seed, rule) for dataset in datasets for rounds in args.rounds or SETUPS[dataset][2]
+            for seed in (SETUPS[dataset][1] if args.seeds is None else args.seeds) for rule in args.rules]
 
 
 def number(value) -> str:
@@ -123,10 +122,10 @@ def show(columns: list[str], rows: list[list[str]], out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rules", nargs="+", default=["centred", "raw"], choices=["centred", "raw"])
+    parser.add_argument("--rules", nargs="+", default=["norms", "raw"], choices=["norms", "centred", "raw"])
     parser.add_argument("--only", choices=list(SETUPS))
-    parser.add_argument("--rounds", type=int, nargs="+", help="only these horizons (default: all of each dataset)")
-    parser.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: all of each dataset)")
+    parser.add_argument("--rounds", type=int, nargs="+", help="these horizons (default: each dataset's)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="these seeds (default: each dataset's)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (processes)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

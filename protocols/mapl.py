@@ -7,8 +7,9 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
      on l_ce + l_cont + l_proto + l_uni (backbone, head, classifier and xi_i).
   2. Send xi_i to the neighbours it still talks to; from T_thr on also the
      classifier weight Phi_i (K x d_z); in round 0 also its sample count n_i.
-  3. CGL (Algorithm 2), from T_thr on: c_ij = mean_k cos(Phi_i[k], Phi_j[k]), the rows of
-     each Phi first centred (docs/mapl.md); s_ij = -c_ij (s_ii = -1); E_g steps on
+  3. CGL (Algorithm 2), from T_thr on: c_ij = cos(d_i - mean d_i, d_j - mean d_j), d_i[k] =
+     ||Phi_i[k] - mean_k Phi_i[k]|| (the paper: mean_k cos(Phi_i[k], Phi_j[k]); docs/mapl.md says
+     why); s_ij = -c_ij (s_ii = -1); E_g steps on
        l_g(w_i) = mu1 sum_j gamma_j s_ij w_ij + mu2 (beta ||w_i||_2 - log(deg_i + eps)),
      gamma_j = n_j / sum_k n_k over i and its neighbours (the global share on a
      mesh), deg_i = sum_{j != i} w_ij, each step followed by the Euclidean
@@ -83,9 +84,10 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
     mu2: float = field(default=0.1, metadata=option_help("MAPL: weight of the graph regulariser"))
     beta: float = field(default=0.5, metadata=option_help("MAPL: weight of ||w_i||_2 in the graph regulariser"))
     similarity: str = field(default="max", metadata=option_help("MAPL: max (code: c_ij / max c) or raw (paper)"))
-    classifier_rows: str = field(default="centred", metadata=option_help(
-        "MAPL: rows of Phi that c_ij compares: centred (minus their mean row, which the softmax cannot see) "
-        "or raw (paper and code)"))
+    classifier_rows: str = field(default="norms", metadata=option_help(
+        "MAPL: what c_ij compares of two classifiers Phi: norms (the K distances of the rows from their mean "
+        "row, the same in any basis of the latent), centred (the rows minus their mean row, class by class) "
+        "or raw (the rows, class by class: paper and code)"))
     graph_step: str = field(default="adam", metadata=option_help("MAPL: adam (code: fresh Adam) or sgd (paper)"))
     graph_lr: float = field(default=0.1, metadata=option_help("MAPL: step size of graph learning"))
     graph_steps: int = field(default=1, metadata=option_help("MAPL: graph-learning steps per round (E_g)"))
@@ -103,7 +105,7 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
         super().validate()
         for flag, value, allowed in (("loss-forms", self.loss_forms, LOSS_FORMS),
                                      ("similarity", self.similarity, ("max", "raw")),
-                                     ("classifier-rows", self.classifier_rows, ("centred", "raw")),
+                                     ("classifier-rows", self.classifier_rows, ("norms", "centred", "raw")),
                                      ("graph-step", self.graph_step, ("adam", "sgd"))):
             if value not in allowed:
                 raise UsageError(f"--{flag} {value!r}: choose {' or '.join(allowed)}")
@@ -136,14 +138,24 @@ def project_simplex(v: torch.Tensor) -> torch.Tensor:
 
 
 def classifier_similarity(own: torch.Tensor, other: torch.Tensor, rows: str) -> float:
-    """c_ij = mean over classes k of cos(Phi_i[k], Phi_j[k]), the rows first centred when rows == "centred".
+    """c_ij from two classifiers Phi (K x d_z), by the rule `rows`:
 
-    Adding one vector to every row of Phi shifts every logit by the same amount, which
-    the softmax cannot see: centring compares only what the classifier learned.
+    - "raw" (paper and code): mean over classes k of cos(Phi_i[k], Phi_j[k]);
+    - "centred": the same on the rows minus their mean row. Adding one vector to every row shifts
+      every logit by the same amount, which the softmax cannot see;
+    - "norms": cos of the K distances ||Phi[k] - mean row||, each set centred over the classes.
+      Heterogeneous backbones share no basis of the latent, and these distances are the same in
+      any basis; comparing rows coordinate by coordinate decays as each node's latent drifts
+      (docs/mapl.md).
     """
+    if rows == "raw":
+        return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
+    own, other = own - own.mean(0), other - other.mean(0)
     if rows == "centred":
-        own, other = own - own.mean(0), other - other.mean(0)
-    return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
+        return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
+    spread_own, spread_other = own.norm(dim=1), other.norm(dim=1)
+    return float(torch.nn.functional.cosine_similarity(spread_own - spread_own.mean(),
+                                                       spread_other - spread_other.mean(), dim=0))
 
 
 def dissimilarity(c: torch.Tensor, rule: str) -> torch.Tensor:

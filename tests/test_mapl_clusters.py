@@ -107,6 +107,34 @@ def test_centred_similarity_ignores_a_shift_common_to_every_class():
     assert classifier_similarity(own, own + shift, "centred") == pytest.approx(1.0, abs=1e-6)
 
 
+def test_norms_are_the_same_in_any_basis_of_the_latent():
+    """Heterogeneous backbones share no basis of the latent: the norms rule sees only each class's distance
+    from the mean row, so a rotation of one node's latent changes nothing, where the centred rule sees noise."""
+    generator = torch.Generator().manual_seed(1)
+    own = torch.randn(10, 32, generator=generator) * torch.arange(1, 11).view(-1, 1)  # a spread over the classes
+    rotation, _ = torch.linalg.qr(torch.randn(32, 32, generator=generator))
+    shift = 5 * torch.randn(32, generator=generator)
+    rotated = own @ rotation + shift
+    assert classifier_similarity(own, rotated, "norms") == pytest.approx(1.0, abs=1e-5)
+    assert abs(classifier_similarity(own, rotated, "centred")) < 0.3
+    # the opposite spread (the classes this node pushes down, the other node raises) scores -1
+    flipped = torch.randn(10, 32, generator=generator) * torch.arange(10, 0, -1).view(-1, 1)
+    assert classifier_similarity(own, flipped, "norms") < -0.9
+
+
+@pytest.mark.slow
+def test_at_120_rounds_every_node_keeps_its_whole_cluster_and_nothing_else(tmp_path):
+    """The horizon at which the centred rule began to prune a node's own cluster (round 85 on seed 7)."""
+    assert main([*USER, "--rounds", "120", "--seed", "7", "--out", str(tmp_path)]) == 0
+    cluster = {n["node"]: n["cluster"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]}
+    last = [row for row in jsonl(tmp_path / "graph.jsonl") if row["round"] == 119]
+    assert len(last) == 10
+    for row in last:
+        i = row["node"]
+        for j, w in row["weights"].items():
+            assert (w > 0) == (cluster[int(j)] == cluster[i]), (i, j, w)
+
+
 def test_an_unknown_row_rule_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["--protocol", "mapl", "--classifier-rows", "sideways", "--quiet", "--out", str(tmp_path)]) == 2
     assert_one_line_error(capsys, "--classifier-rows")
