@@ -8,7 +8,9 @@ On the star of protocols/personalised.py, round r:
   server:   phi <- sum_k n_k phi_k / sum_k n_k over the heads heard before --timeout, sent back;
   client k: loads phi and scores backbone_k with phi on its own test split.
 The head is ReLU, then Linear(d_z, K) without bias (K x d_z floats, the MAPL paper's phi), so
-every backbone needs the same --d-z.
+every backbone needs the same --d-z. Local training is the shared SGD job (--lr, --momentum,
+--weight-decay, --local-epochs), so --executor batched trains the clients of one architecture as
+one vmap.
 
 The MAPL paper (appendix C.2): "only the prediction head is aggregated over all clients with the help
 of a central server. This setting further allows each client to have a heterogeneous backbone while
