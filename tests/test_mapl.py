@@ -173,3 +173,16 @@ def test_one_graph_step_separates_two_clusters_of_five():
 def test_max_normalisation_never_flips_signs():
     assert torch.equal(dissimilarity(torch.tensor([-0.5, -0.25]), "max"), torch.tensor([-1.0, 0.5, 0.25]))
     assert torch.equal(dissimilarity(torch.tensor([0.5, 0.25]), "max"), torch.tensor([-1.0, -1.0, -0.5]))
+
+
+def test_the_code_losses_stay_finite_when_the_prototypes_grow():
+    """l_proto grows the prototypes' norms round after round; past sqrt(88 tau) (94 at tau = 100) exp of a
+    prototype's product with itself overflows, which must not reach l_uni (it masks the diagonal before exp)."""
+    from p2p_emulator.workloads.prototypes import code_losses
+    generator = torch.Generator().manual_seed(0)
+    orthonormal, _ = torch.linalg.qr(torch.randn(16, K, generator=generator))
+    xi = (120 * orthonormal.T).requires_grad_(True)  # apart as l_uni wants them: every other product 0
+    p, y = torch.randn(8, 16, generator=generator), torch.arange(8) % 4  # two views of each sample
+    loss = code_losses(p, y, xi, tau=100.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(xi.grad).all()

@@ -26,8 +26,10 @@ def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) 
     cont = -(logits.masked_fill(~same | eye, -math.inf).logsumexp(1)
              - logits.masked_fill(eye, -math.inf).logsumexp(1)).mean()
     proto = F.cross_entropy(p_hat @ xi.T, y)
-    others = ~torch.eye(len(xi), dtype=torch.bool, device=xi.device)
-    uni = (torch.exp(xi @ xi.T / tau) * others).sum(1).mean()
+    # the diagonal masked before exp, not after: a prototype of norm above sqrt(88 tau) overflows exp,
+    # and inf * 0 is NaN (l_proto grows the norms; digits, seed 0, round 303 of 400)
+    self_pairs = torch.eye(len(xi), dtype=torch.bool, device=xi.device)
+    uni = torch.exp((xi @ xi.T / tau).masked_fill(self_pairs, -math.inf)).sum(1).mean()
     return cont + proto + uni
 
 
