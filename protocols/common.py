@@ -293,10 +293,11 @@ class LearningProtocol(Protocol):
 
     async def evaluate(self, node, model, data) -> dict[str, float]:
         """The scores in the rounds --eval-every picks (and the last), else {}."""
-        last = node.round == self.run_info.rounds - 1
-        if (node.round + 1) % self.options.eval_every and not last:
-            return {}
-        return await self.scores(node, model, data)
+        return await self.scores(node, model, data) if self.scores_due(node) else {}
+
+    def scores_due(self, node) -> bool:
+        """Whether this round is one --eval-every picks (or the last)."""
+        return not (node.round + 1) % self.options.eval_every or node.round == self.run_info.rounds - 1
 
     async def scores(self, node, model, data) -> dict[str, float]:
         """{"test_acc": ...}, charged as compute; {} for a node without test samples, which has no accuracy."""

@@ -66,6 +66,11 @@ class PersonalisedStar(ServerAndClients):
     def take(model, shared: dict) -> None:
         """What a client does with the combined part when it arrives (a job); by default it only keeps it."""
 
+    async def client_scores(self, node, model, data, shared) -> dict:
+        """A client's scores after the round, with the combined part it holds: by default its model's on its
+        own test split, in the rounds --eval-every picks."""
+        return await self.evaluate(node, model, data)
+
     def make_checks(self):
         """(check of a client's body, check of the server's combined body): see common.expects."""
         raise NotImplementedError
@@ -99,7 +104,7 @@ class PersonalisedStar(ServerAndClients):
             if reply is not None and reply.round == node.round and reply.body is not None:
                 state.shared = reply.body
                 await node.compute(self.take, model, state.shared, work=0)
-            node.log(train_loss=loss, **await self.evaluate(node, model, data))
+            node.log(train_loss=loss, **await self.client_scores(node, model, data, state.shared))
 
     async def run_no_rounds(self, node):
         """--rounds 0: each client scores its initial model."""

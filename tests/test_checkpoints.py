@@ -69,6 +69,7 @@ RUNS = {
                    clients_per_round=3, lr=0.5),
     "fedclassavg": dict(protocol="fedclassavg", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16,
                         batch_size=16, seed=25),
+    "fedproto": dict(protocol="fedproto", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=26),
     "fedsim": dict(protocol="fedsim", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=24),
     "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
                  local_epochs=1, t_thr=1, seed=7),
