@@ -87,9 +87,9 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 
-from .common import TimeoutOptions, TrainingOptions, check, default, expects, option_help, positive_int
+from .common import TrainingOptions, check, default, expects, option_help, positive_int
 from .fedsim import HEAD, head
-from .personalised import PersonalisedStar
+from .personalised import PersonalisedOptions, PersonalisedStar
 
 torch = LazyModule("torch")
 augment = LazyModule("p2p_emulator.workloads.augment")
@@ -99,11 +99,7 @@ ADAM_BETA2 = 0.999  # the reference's
 
 
 @dataclass
-class FedClassAvgOptions(TimeoutOptions, TrainingOptions):
-    partition: str = default(TrainingOptions, "partition", "mapl:scenario=1")
-    model: str = default(TrainingOptions, "model", "hetero-small")
-    d_z: int = default(TrainingOptions, "d_z", 128)
-    init: str = default(TrainingOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
+class FedClassAvgOptions(PersonalisedOptions):
     lr: float = field(default=3e-3, metadata=option_help("learning rate (FedClassAvg: Adam; reference 1e-4)"))
     weight_decay: float = default(TrainingOptions, "weight_decay", 0.0)
     batch_size: int = field(default=32, metadata=option_help("local batch size (FedClassAvg reference: 64)"))

@@ -81,8 +81,8 @@ from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import batches
 
-from .common import EVAL_COST, SGDOptions, TimeoutOptions, check, default, expects, option_help
-from .personalised import PersonalisedStar
+from .common import EVAL_COST, SGDOptions, check, expects, option_help
+from .personalised import PersonalisedOptions, PersonalisedStar
 
 torch = LazyModule("torch")
 
@@ -90,11 +90,7 @@ CLASSES, PROTOTYPES = "classes", "prototypes"  # a body: sorted class ids, and t
 
 
 @dataclass
-class FedProtoOptions(TimeoutOptions, SGDOptions):
-    partition: str = default(SGDOptions, "partition", "mapl:scenario=1")
-    model: str = default(SGDOptions, "model", "hetero-small")
-    d_z: int = default(SGDOptions, "d_z", 128)
-    init: str = default(SGDOptions, "init", "independent")
+class FedProtoOptions(PersonalisedOptions, SGDOptions):
     lr: float = field(default=0.01, metadata=option_help("learning rate (FedProto: SGD, reference 0.01)"))
     momentum: float = field(default=0.5, metadata=option_help("heavy-ball momentum (FedProto reference: 0.5)"))
     weight_decay: float = field(default=0.0, metadata=option_help("weight decay (FedProto reference: 0)"))

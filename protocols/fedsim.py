@@ -33,18 +33,15 @@ from dataclasses import dataclass
 from emulator.protocol import register
 from p2p_emulator.workloads.training import float_state, load_state
 
-from .common import SGDOptions, TimeoutOptions, default, expects, positive_int
-from .personalised import PersonalisedStar, weighted_mean
+from .common import SGDOptions, expects, positive_int
+from .personalised import PersonalisedOptions, PersonalisedStar, weighted_mean
 
 HEAD = "head"
 
 
 @dataclass
-class FedSimOptions(TimeoutOptions, SGDOptions):
-    partition: str = default(SGDOptions, "partition", "mapl:scenario=1")
-    model: str = default(SGDOptions, "model", "hetero-small")
-    d_z: int = default(SGDOptions, "d_z", 128)
-    init: str = default(SGDOptions, "init", "independent")
+class FedSimOptions(PersonalisedOptions, SGDOptions):
+    """Local SGD as Local's (--lr 0.05 --momentum 0.9 --weight-decay 5e-4)."""
 
 
 def head(model) -> dict:

@@ -22,12 +22,21 @@ from typing import Any
 from emulator.compute import Resident
 from p2p_emulator.workloads.lazy import LazyModule
 
-from .common import LearningProtocol
+from .common import LearningProtocol, TimeoutOptions, TrainingOptions, default
 from .fedavg import ServerAndClients, from_server
 
 torch = LazyModule("torch")
 
 SHARE, COMBINED = "share", "combined"  # a client's part to the server; the server's combined part back
+
+
+@dataclass
+class PersonalisedOptions(TimeoutOptions, TrainingOptions):
+    """The defaults the star's protocols share: MAPL's scenario 1, a backbone of its own per client."""
+    partition: str = default(TrainingOptions, "partition", "mapl:scenario=1")
+    model: str = default(TrainingOptions, "model", "hetero-small")
+    d_z: int = default(TrainingOptions, "d_z", 128)
+    init: str = default(TrainingOptions, "init", "independent")  # heterogeneous backbones cannot share one x0
 
 
 @dataclass
