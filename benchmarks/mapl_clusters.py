@@ -1,20 +1,20 @@
 """MAPL's learned graph against the two clusters of scenario 1, over seeds and horizons.
 
-    ./dev bench mapl_clusters [--rules centred raw] [--only digits|fashion-mnist] [--rounds R ...] [--seeds S ...]
+    ./dev bench mapl_clusters [--rules norms centred raw] [--only digits|fashion-mnist] [--rounds R ...] [--seeds S ...]
                               [--jobs 2] [--out DIR]
 
 Each cell is one run of the user's command with nothing tuned (T_thr = rounds // 4):
     emulate --topology mesh --protocol mapl --nodes M --partition mapl:scenario=1 --model hetero-small
             --rounds R --seed S --classifier-rows RULE
-- digits: M = 10, seeds 0-4, rounds 20, 40 and 100 (about 10 minutes for one rule on 2 cores);
+- digits: M = 10, seeds 0-4, rounds 20, 40 and 120 (about 15 minutes for one rule on 2 cores);
 - fashion-mnist: M = 20, seeds 0-2, rounds 20 and 40, at the CPU scale of experiments/mapl_table_sc12.yaml
   (100 training samples per class, one local epoch, d_z = 128; about 40 minutes per rule).
 For each rule: the worst node's weight on its own cluster at the last round (w_ii included),
 the mean over nodes, the share of its own cluster's neighbours a node still links to at
 the last round (worst node / mean: a node that dropped them all scores weight 1 but
 share 0), and the last round's mean similarity c_ij within and across the clusters
-(across: "-" once every node has dropped the other cluster). `centred` is the
-default rule, `raw` the paper's and the authors' code's.
+(across: "-" once every node has dropped the other cluster). `norms` is the
+default rule, `centred` the one before it, `raw` the paper's and the authors' code's.
 
 Runs go to DIR/<dataset>-r<R>-s<S>-<rule> (default: a fresh temporary directory); with
 --out, a directory that already holds a finished run is reused, not rerun.
@@ -41,7 +41,7 @@ from p2p_emulator.sweeps import is_current  # noqa: E402
 from protocols.analysis.learned_graph import cluster_similarity  # noqa: E402
 
 SETUPS = {  # dataset -> (nodes, seeds, horizons, extra flags)
-    "digits": (10, range(5), (20, 40, 100), ["--partition", "mapl:scenario=1"]),
+    "digits": (10, range(5), (20, 40, 120), ["--partition", "mapl:scenario=1"]),
     "fashion-mnist": (20, range(3), (20, 40), ["--partition", "mapl:scenario=1,samples=100,low=33,high=100",
                                                "--local-epochs", "1", "--d-z", "128"]),
 }

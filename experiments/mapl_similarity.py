@@ -9,7 +9,8 @@ CollaborationRow.learn; the run itself is unchanged). Its W stays near uniform, 
 node hears every other one to the end, and the recorded classifiers can be compared
 offline under other rules:
 1. c_ij within and across the clusters over the rounds, for the similarity over all K rows
-   (raw), over the node's own classes only (held), and both with the rows centred; "gap"
+   (raw), over the node's own classes only (held), both with the rows centred, and the norms
+   rule (the classes' distances from the mean row, the default); "gap"
    is the smallest within-cluster c_ij minus the largest across-cluster one, over all
    nodes (positive: every node ranks its own cluster first).
 2. The graph step replayed on those classifiers from the uniform row, with the authors'
@@ -34,7 +35,8 @@ from p2p_emulator.analysis.rundir import read_run
 from p2p_emulator.cli import main as emulate
 
 ROWS = {  # name -> (classifier rows compared, only the node's own classes)
-    "raw": ("raw", False), "held": ("raw", True), "centred": ("centred", False), "held, centred": ("centred", True)}
+    "raw": ("raw", False), "held": ("raw", True), "centred": ("centred", False), "held, centred": ("centred", True),
+    "norms": ("norms", False)}
 STEPS = [("fresh Adam (code)", "fresh", 0.1), ("persistent Adam", "persistent", 0.1),
          ("persistent Adam", "persistent", 0.01), ("projected gradient", "sgd", 0.1),
          ("projected gradient", "sgd", 1.0)]
@@ -95,7 +97,7 @@ def replay(calls, clusters, rows: str, step: str, lr: float) -> tuple[float, flo
         nodes = [i, *sorted(history[0][1])]
         gamma = torch.full((len(nodes),), 1 / len(nodes))
         w = torch.full((len(nodes),), 1 / len(nodes), requires_grad=True)
-        adam = torch.optim.Adam([w], lr=lr, betas=(options.adam_beta1, mapl.ADAM_BETA2))
+        adam = torch.optim.Adam([w], lr=lr, betas=(options.adam_beta1, mapl.pml.ADAM_BETA2))
         for own, heard in history:
             c = torch.tensor([mapl.classifier_similarity(own, heard[j], rows) for j in nodes[1:]])
             s = mapl.dissimilarity(c, options.similarity)
@@ -124,10 +126,11 @@ def main() -> None:
           f"{args.rounds // 4}; within-cluster weight of the run itself: "
           f"{run.summary['within_cluster_weight_mean']:.3f}\n")
     similarity_table(calls, run.clusters, held, args.rounds // 4)
-    print("\n| step rule, lr | raw rows: worst / mean | centred rows: worst / mean |\n|---|---|---|")
+    print("\n| step rule, lr | raw rows: worst / mean | centred rows: worst / mean | norms: worst / mean |\n"
+          "|---|---|---|---|")
     for name, step, lr in STEPS:
         cells = [" / ".join(f"{v:.3f}" for v in replay(calls, run.clusters, rows, step, lr))
-                 for rows in ("raw", "centred")]
+                 for rows in ("raw", "centred", "norms")]
         print(f"| {name}, {lr} | " + " | ".join(cells) + " |")
 
 
