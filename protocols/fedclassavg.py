@@ -156,18 +156,6 @@ def batch_loss(model, z: torch.Tensor, labels: torch.Tensor, initial: dict, *, t
             + proximal(model.classifier, initial, mu))
 
 
-def full_batches(n: int, batch_size: int, generator: torch.Generator):
-    """training.batches without the last partial batch (drop_last), unless no batch is full."""
-    for idx in training.batches(n, batch_size, generator):
-        if len(idx) == batch_size or n < batch_size:
-            yield idx
-
-
-def trained_samples(n: int, batch_size: int) -> int:
-    """Samples an epoch of full_batches trains on."""
-    return n if n < batch_size else n // batch_size * batch_size
-
-
 def local_training(model, x: torch.Tensor, y: torch.Tensor, shared: dict | None,
                    stats: tuple[torch.Tensor, torch.Tensor], *, epochs: int, batch_size: int, lr: float, beta1: float,
                    weight_decay: float, tau: float, base_tau: float, mu: float, crop_scale: float,
@@ -186,7 +174,7 @@ def local_training(model, x: torch.Tensor, y: torch.Tensor, shared: dict | None,
     model.train()
     total, seen = 0.0, 0
     for _ in range(epochs):
-        for idx in full_batches(len(y), batch_size, generator):
+        for idx in training.full_batches(len(y), batch_size, generator):
             both = ((torch.cat(views(x[idx].cpu() * std + mean)) - mean) / std).to(x.device)
             loss = batch_loss(model, model.features(both), y[idx], initial, tau=tau, base_tau=base_tau, mu=mu)
             optimizer.zero_grad(set_to_none=True)
@@ -231,7 +219,7 @@ class FedClassAvg(PersonalisedStar):
             local_training, model, data.train_x, data.train_y, shared, self.stats, epochs=o.local_epochs,
             batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1, weight_decay=o.weight_decay, tau=o.tau,
             base_tau=o.base_tau, mu=o.mu, crop_scale=o.crop_scale, generator=node.torch_generator,
-            work=2 * o.local_epochs * trained_samples(n, o.batch_size))  # two views per sample
+            work=2 * o.local_epochs * training.full_batch_samples(n, o.batch_size))  # two views per sample
         return loss, {HEAD: await node.compute(head, model, work=0), "samples": n}
 
     combine = staticmethod(sample_weighted_mean)

@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
-from p2p_emulator.workloads.training import batches
+from p2p_emulator.workloads.training import full_batch_samples, full_batches
 
 from .common import EVAL_COST, SGDOptions, check, expects, option_help
 from .personalised import PersonalisedOptions, PersonalisedStar
@@ -112,11 +112,6 @@ def representation(model, x):
     return model.classifier[:-1](model.features(x))
 
 
-def trained_per_epoch(n: int, batch_size: int) -> int:
-    """Samples an epoch trains on: whole batches only (drop_last), or the one short batch when n < B."""
-    return n if n < batch_size else n - n % batch_size
-
-
 def local_update(model, x, y, shared: dict | None, *, ld: float, epochs: int, lr: float, momentum: float,
                  weight_decay: float, batch_size: int, generator) -> tuple[float, float, dict]:
     """FedProto's local round: returns (mean loss, mean prototype term, the body to send); trains in place.
@@ -134,13 +129,12 @@ def local_update(model, x, y, shared: dict | None, *, ld: float, epochs: int, lr
         has[held] = True
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
-    full = min(batch_size, len(y))
     total = proto_total = 0.0
     seen = 0
     for epoch in range(epochs):
         sums, counts = torch.zeros(k, d_z, device=device), torch.zeros(k, dtype=torch.long, device=device)
-        for idx in batches(len(y), batch_size, generator):
-            if len(idx) < full or len(idx) < 2:  # drop_last; BatchNorm cannot train on one sample
+        for idx in full_batches(len(y), batch_size, generator):
+            if len(idx) < 2:  # BatchNorm cannot train on one sample
                 continue
             labels = y[idx]
             r = representation(model, x[idx])
@@ -228,7 +222,7 @@ class FedProto(PersonalisedStar):
         loss, proto_loss, body = await node.compute(
             local_update, model, data.train_x, data.train_y, shared, ld=o.ld, epochs=o.local_epochs, lr=o.lr,
             momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
-            generator=node.torch_generator, work=o.local_epochs * trained_per_epoch(n, o.batch_size))
+            generator=node.torch_generator, work=o.local_epochs * full_batch_samples(n, o.batch_size))
         node.log(train_proto_loss=proto_loss)
         return loss, body
 

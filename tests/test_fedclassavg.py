@@ -11,8 +11,8 @@ from emulator import wire
 from p2p_emulator.cli import main
 from p2p_emulator.runs import run
 from p2p_emulator.workloads.models import build_model
-from protocols.fedclassavg import (FedClassAvg, batch_loss, full_batches, local_training, proximal,
-                                   sample_weighted_mean, supcon)
+from p2p_emulator.workloads.training import full_batches
+from protocols.fedclassavg import FedClassAvg, batch_loss, local_training, proximal, sample_weighted_mean, supcon
 from protocols.fedsim import HEAD, head
 from protocols.personalised import PersonalisedStar
 from tests.conftest import assert_refused

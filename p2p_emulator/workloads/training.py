@@ -20,6 +20,18 @@ def batches(n: int, batch_size: int, generator: torch.Generator, steps: int = 0)
             return
 
 
+def full_batches(n: int, batch_size: int, generator: torch.Generator):
+    """batches without an epoch's last partial batch (a DataLoader's drop_last), unless no batch is full."""
+    for idx in batches(n, batch_size, generator):
+        if len(idx) == batch_size or n < batch_size:
+            yield idx
+
+
+def full_batch_samples(n: int, batch_size: int) -> int:
+    """The samples an epoch of full_batches trains on."""
+    return n if n < batch_size else n // batch_size * batch_size
+
+
 def sgd(model, x, y, *, epochs: int, steps: int, lr: float, momentum: float, weight_decay: float,
         batch_size: int, generator: torch.Generator, forward=None, objective=None,
         parameters=None, carried: HeavyBall | None = None) -> tuple[float, int]:
