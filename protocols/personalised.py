@@ -20,12 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.compute import Resident
-from p2p_emulator.workloads.lazy import LazyModule
 
 from .common import LearningProtocol, TimeoutOptions, TrainingOptions, default
 from .fedavg import ServerAndClients, from_server
-
-torch = LazyModule("torch")
 
 SHARE, COMBINED = "share", "combined"  # a client's part to the server; the server's combined part back
 
@@ -83,7 +80,6 @@ class PersonalisedStar(ServerAndClients):
     def make_checks(self):
         """(check of a client's body, check of the server's combined body): see common.expects."""
         raise NotImplementedError
-
 
     # -- the round
 
