@@ -148,10 +148,9 @@ def classifier_similarity(own: torch.Tensor, other: torch.Tensor, rows: str) -> 
       any basis; comparing rows coordinate by coordinate decays as each node's latent drifts
       (docs/mapl.md).
     """
-    if rows == "raw":
-        return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
-    own, other = own - own.mean(0), other - other.mean(0)
-    if rows == "centred":
+    if rows != "raw":
+        own, other = own - own.mean(0), other - other.mean(0)
+    if rows != "norms":
         return float(torch.nn.functional.cosine_similarity(own, other, dim=1).mean())
     spread_own, spread_other = own.norm(dim=1), other.norm(dim=1)
     return float(torch.nn.functional.cosine_similarity(spread_own - spread_own.mean(),
