@@ -21,7 +21,7 @@ from typing import Any
 
 from emulator.compute import Resident
 
-from .common import LearningProtocol, TimeoutOptions, TrainingOptions, default
+from .common import TimeoutOptions, TrainingOptions, default
 from .fedavg import ServerAndClients, from_server
 
 SHARE, COMBINED = "share", "combined"  # a client's part to the server; the server's combined part back
@@ -112,12 +112,10 @@ class PersonalisedStar(ServerAndClients):
             node.log(train_loss=loss, **await self.client_scores(node, model, data, state.shared))
 
     async def run_no_rounds(self, node):
-        """--rounds 0: each client scores its initial model."""
+        """--rounds 0: each client scores its own initial model (not the server's x0: it has none)."""
         if node.id != self.server:
-            await LearningProtocol.run_no_rounds(self, node)
-
-    def hold(self, node, part: int | None = None):
-        return super().hold(node, self.part[node.id] if part is None else part)
+            model, data = self.hold(node, self.part[node.id])
+            node.log(**await self.scores(node, model, data))
 
     def summary(self, records):
         return {"server": self.server}
