@@ -40,7 +40,7 @@ def _add_field(group, name: str, default: Any, help_text: str) -> None:
     if isinstance(default, bool):
         group.add_argument(cfg.flag(name), dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text)
     else:
-        kind = type(default) if isinstance(default, (int, float)) else cfg.OPTIONAL_INTS.get(name, str)
+        kind = type(default) if isinstance(default, (int, float)) else cfg.OPTIONAL_NUMBERS.get(name, str)
         group.add_argument(cfg.flag(name), dest=name, type=kind, default=argparse.SUPPRESS,
                            metavar=name.upper(), help=f"{help_text} (default: {default})")
 

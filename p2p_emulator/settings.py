@@ -164,7 +164,7 @@ DEVICES = ("cpu", "cuda")
 EXECUTORS = ("thread", "batched", "ray")
 RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
-OPTIONAL_INTS = {"nodes": int, "rounds": int}  # settings whose default None means "unset"
+OPTIONAL_NUMBERS = {"nodes": int, "rounds": int, "consensus_step": float}  # settings whose default None means "unset"
 
 
 def flag(name: str) -> str:
@@ -213,8 +213,8 @@ def _coerce(name: str, value: Any, default_value: Any) -> Any:
     false (YAML off) for one is 'none'."""
     if value is None:  # YAML null: the default
         return default_value
-    if default_value is None and name in OPTIONAL_INTS:
-        default_value = OPTIONAL_INTS[name]()
+    if default_value is None and name in OPTIONAL_NUMBERS:
+        default_value = OPTIONAL_NUMBERS[name]()
     if isinstance(default_value, int) and not isinstance(default_value, bool) and isinstance(value, (bool, float)):
         raise UsageError(f"{flag(name)} {value!r:.40}: expected an integer, not {type(value).__name__}")
     if isinstance(default_value, float):

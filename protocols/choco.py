@@ -22,7 +22,7 @@ from emulator.protocol import register
 from p2p_emulator.workloads.training import HeavyBall, shift
 
 from .common import LearningProtocol, MixingOptions, SGDOptions, check, default
-from .compression import Operator, PublicCopies, difference, on_host
+from .compression import CONSENSUS_STEPS, Operator, PublicCopies, difference, on_host
 
 
 @dataclass
@@ -30,15 +30,18 @@ class ChocoOptions(MixingOptions, SGDOptions):
     local_steps: int = default(SGDOptions, "local_steps", 1)
     compress_op: str = field(default="sign", metadata={
         "help": "choco: Q, how x - x̂ is sent: topk:F, randk:F (F the share of each tensor's entries), sign, q8, "
-                "q4 or none"})
-    consensus_step: float = field(default=0.5, metadata={"help": "choco: gamma, the consensus step size"})
+                "q4, qsgd:s=S or none"})
+    consensus_step: float | None = field(default=None, metadata={
+        "help": "choco: gamma, the consensus step size in (0, 1] (unset: the operator's, docs/compression.md)"})
     silent_neighbours: str = field(default="drop", metadata={
         "help": "choco: a neighbour not heard this round is left out of the consensus step, its weight kept by the "
                 "node (drop), or counted with its last x̂ (keep)"})
 
     def validate(self):
         super().validate()
-        Operator.parse("compress-op", self.compress_op)
+        operator = Operator.parse("compress-op", self.compress_op)
+        if self.consensus_step is None:
+            self.consensus_step = CONSENSUS_STEPS["choco"][operator.name]
         check("consensus-step", self.consensus_step, 0 < self.consensus_step <= 1, "must be in (0, 1]")
         check("silent-neighbours", repr(self.silent_neighbours), self.silent_neighbours in ("drop", "keep"),
               "choose drop or keep")

@@ -6,6 +6,11 @@ Compression operators Q (--compress-op, --sparsify), each per tensor of a state 
   sign     one bit an entry (0 counts as +), packed 8 a byte, times the mean magnitude ||x||_1 / n
            (the scale epfml/ChocoSGD uses)
   q8, q4   unbiased stochastic rounding to 8 or 4 bits with the max-abs scale (the wire's --compress)
+  qsgd:s=S QSGD (Alistarh et al. 2017): sign(x_i) ||x||_2 xi_i / S with xi_i = floor(S |x_i| / ||x||_2 + u),
+           u ~ U[0, 1) from the sender's generator, so unbiased; 1 <= S <= 32767 levels, qsgd alone S=16
+           (epfml/ChocoSGD's choco runs). Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
+           Unlike q8/q4 the scale is the L2 norm, not max |x_i|, and S is free: entries small against
+           ||x||_2 mostly round to 0 (a sparse, unbiased code), and E||Q(x) - x||^2 <= min(n/S^2, sqrt(n)/S) ||x||^2
   none     the tensor itself
 Indices travel in the narrowest unsigned type that holds the tensor's size, so the ledger counts
 k values and k indices, not the dense size.
@@ -31,7 +36,9 @@ from .common import DEGREE, Check, expects, like, node_ids
 
 torch = LazyModule("torch")
 
-OPERATORS = ("topk", "randk", "sign", "q8", "q4", "none")
+OPERATORS = ("topk", "randk", "sign", "q8", "q4", "qsgd", "none")
+QSGD_LEVELS = 16  # s of a plain `qsgd`: epfml/ChocoSGD's num_levels in its CHOCO-SGD QSGD runs
+CODE_TYPES = (np.int8, np.int16)  # qsgd's codes, in [-s, s]: the narrowest of these that holds s
 INDEX_TYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 
 
@@ -40,24 +47,40 @@ def index_type(size: int) -> type:
     return next(t for t in INDEX_TYPES if size - 1 <= np.iinfo(t).max)
 
 
+def code_type(levels: int):
+    """The narrowest signed integer torch dtype that holds qsgd's codes in [-levels, levels]."""
+    kind = next(t for t in CODE_TYPES if levels <= np.iinfo(t).max)
+    return torch.int8 if kind is np.int8 else torch.int16
+
+
 @dataclass(frozen=True)
 class Operator:
     """A compression operator Q: compress (state -> wire body) and decompress (body -> dense state)."""
     name: str
     fraction: float = 1.0  # topk and randk: the share of each tensor's entries sent
+    levels: int = 0  # qsgd: s, the number of levels of |x_i| / ||x||_2 above 0
 
     @classmethod
     def parse(cls, flag: str, spec: str) -> Operator:
-        """`topk:0.01` and the like; a bad spec is a one-line UsageError naming `flag`."""
+        """`topk:0.01`, `qsgd:s=4` and the like; a bad spec is a one-line UsageError naming `flag`."""
         name, _, text = spec.partition(":")
-        sparse = name in ("topk", "randk")
-        try:
-            fraction = float(text) if sparse else 1.0
-        except ValueError:
-            fraction = math.nan
-        if name not in OPERATORS or (text and not sparse) or not 0 < fraction <= 1:
-            raise UsageError(f"--{flag} {spec!r}: choose topk:F or randk:F (0 < F <= 1), sign, q8, q4 or none")
-        return cls(name, fraction)
+        fraction, levels = 1.0, 0
+        if name in ("topk", "randk"):
+            try:
+                fraction = float(text)
+            except ValueError:
+                fraction = math.nan
+            good = 0 < fraction <= 1
+        elif name == "qsgd":
+            digits = text.removeprefix("s=") if text.startswith("s=") else str(QSGD_LEVELS) if not text else ""
+            levels = int(digits) if digits.isascii() and digits.isdigit() else 0
+            good = 1 <= levels <= np.iinfo(CODE_TYPES[-1]).max
+        else:
+            good = name in OPERATORS and not text
+        if not good:
+            raise UsageError(f"--{flag} {spec!r}: choose topk:F or randk:F (0 < F <= 1), sign, q8, q4, qsgd:s=S "
+                             f"(1 <= S <= {np.iinfo(CODE_TYPES[-1]).max}; qsgd: S={QSGD_LEVELS}) or none")
+        return cls(name, fraction, levels)
 
     def kept(self, size: int) -> int:
         """How many entries of a tensor of `size` a sparse operator sends."""
@@ -89,6 +112,8 @@ class Operator:
         if self.name in wire.QUANTISERS:
             codes, scale = wire.quantise(flat, self.name, rng)
             return {"c": codes, "s": scale}
+        if self.name == "qsgd":
+            return _qsgd(flat, self.levels, rng)
         return flat.clone()
 
     def _decompress(self, part, n: int, dtype):
@@ -101,6 +126,9 @@ class Operator:
             return bits.mul_(2).sub_(1).mul_(part["s"]).to(dtype)
         if self.name in wire.QUANTISERS:
             return wire.dequantise(part["c"], self.name, part["s"], n, dtype)
+        if self.name == "qsgd":
+            work = torch.float64 if dtype == torch.float64 else torch.float32
+            return part["c"].to(work).mul_(part["s"] / self.levels).to(dtype)
         return part
 
     def _check(self, n: int, dtype) -> Check:
@@ -117,7 +145,27 @@ class Operator:
             codes = torch.zeros(n, dtype=torch.int8) if self.name == "q8" else torch.zeros((n + 1) // 2,
                                                                                            dtype=torch.uint8)
             return expects(c=codes, s=scale)
+        if self.name == "qsgd":
+            levels, kind = self.levels, code_type(self.levels)
+            # |code| <= s and scale <= the dtype's max: every decompressed entry is finite
+            codes = lambda c: (torch.is_tensor(c) and c.dtype == kind and c.shape == (n,)  # noqa: E731
+                               and (n == 0 or -levels <= int(c.min()) and int(c.max()) <= levels))
+            return expects(c=codes, s=scale)
         return like(torch.zeros(n, dtype=dtype))
+
+
+def _qsgd(flat, levels: int, rng: np.random.Generator) -> dict:
+    """QSGD's codes of a flat tensor, sign(x_i) xi_i with xi_i = floor(s |x_i| / ||x||_2 + u), and ||x||_2."""
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    x = flat.to(work)
+    norm = float(torch.linalg.vector_norm(x, dtype=torch.float64)) if x.numel() else 0.0
+    if not norm <= torch.finfo(flat.dtype).max:  # a receiver refuses it (its _check): say so at the source
+        raise ValueError(f"qsgd cannot quantise a tensor holding inf or nan, or whose norm overflows {flat.dtype}")
+    y = x.abs().div_(norm or 1.0).mul_(levels)
+    u = rng.random(y.numel(), dtype=np.float32 if work == torch.float32 else np.float64)
+    # floor(y + u) is floor(y) + 1 with probability frac(y): E[xi] = y. y <= s but for rounding in the norm.
+    xi = y.add_(torch.from_numpy(u)).floor_().clamp_(max=levels)
+    return {"c": xi.copysign_(x).to(code_type(levels)), "s": norm}
 
 
 def _scale(dtype) -> Check:
@@ -222,8 +270,21 @@ class PublicCopies:
         degree = len(node.in_neighbours)
         rows = [(neighbour_weight(mixing, degree, self.degrees[j]), self.copies[j]) for j in node.in_neighbours
                 if j in self.degrees and self.in_step(j) and (among is None or j in among)]
-        shift = {name: torch.zeros_like(value) for name, value in self.public.items()}
-        for weight, copy in rows:
-            for name, value in shift.items():
-                value.add_(copy[name] - self.public[name], alpha=step * weight)
-        return shift
+        return weighted_differences(self.public, rows, step)
+
+
+def weighted_differences(own: dict, rows, step: float) -> dict:
+    """step * sum_j w_j (x_j - own) over rows of (w_j, x_j): a consensus step on states."""
+    shift = {name: torch.zeros_like(value) for name, value in own.items()}
+    for weight, other in rows:
+        for name, value in shift.items():
+            value.add_(other[name] - own[name], alpha=step * weight)
+    return shift
+
+
+# The consensus step a method takes when --consensus-step is not given, by operator: the best final accuracy
+# of experiments/compression_gamma.yaml (digits, a held-out seed; docs/compression.md). none is exact gossip.
+CONSENSUS_STEPS = {
+    "choco": {"topk": 0.05, "randk": 0.01, "sign": 1.0, "q8": 1.0, "q4": 1.0, "qsgd": 1.0, "none": 1.0},
+    "deepsqueeze": {"topk": 0.05, "randk": 0.01, "sign": 1.0, "q8": 1.0, "q4": 1.0, "qsgd": 1.0},
+}

@@ -60,9 +60,11 @@ RUNS = {
                                  adversaries="fraction=0.25,kind=stale"),
     "choco": dict(protocol="choco", topology="regular:d=4", nodes=8, rounds=7, model="mlp:hidden=16", seed=21,
                   loss="0.15", timeout=0.5),  # lost increments: stale copies, asked for whole
-    "dpsgd-randk-error-feedback": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
-                                      seed=22, sparsify="randk:0.1", error_feedback=True, churn="up=0.4s,down=0.2s",
-                                      timeout=0.3),
+    "deepsqueeze-randk": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
+                              seed=22, sparsify="randk:0.1", error_feedback=True, churn="up=0.4s,down=0.2s",
+                              timeout=0.3),
+    "dcd-psgd-q8": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16", seed=27,
+                        sparsify="q8", churn="up=0.4s,down=0.2s", timeout=0.3),  # replicas repaired whole
     "powergossip": dict(protocol="powergossip", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16",
                         seed=23, power_steps=2, rank=2, loss="0.15", timeout=0.5),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,

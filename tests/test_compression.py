@@ -5,11 +5,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from p2p_emulator.cli import main
 from emulator import wire
 from emulator.errors import UsageError
-from protocols.compression import Operator, PublicCopies, index_type
+from protocols.compression import CONSENSUS_STEPS, Operator, PublicCopies, index_type
 from tests.conftest import assert_refused
 from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.training import float_state
@@ -77,11 +78,27 @@ def test_a_bad_operator_is_named(spec):
     (["--protocol", "choco", "--silent-neighbours", "forget"], "--silent-neighbours"),
     (["--protocol", "dpsgd", "--sparsify", "top"], "--sparsify"),
     (["--protocol", "dfedavgm", "--error-feedback"], "--error-feedback"),
+    (["--protocol", "dpsgd", "--sparsify", "sign", "--consensus-step", "0.5"], "--consensus-step"),
+    (["--protocol", "dpsgd", "--sparsify", "sign", "--error-feedback", "--consensus-step", "1.5"], "--consensus-step"),
     (["--protocol", "powergossip", "--rank", "0"], "--rank"),
     (["--protocol", "powergossip", "--power-steps", "0"], "--power-steps"),
 ])
 def test_bad_flags_give_one_line_and_no_run_directory(flags, named, tmp_path, capsys):
     assert_refused(capsys, [*RING, *flags], named, tmp_path / "run")
+
+
+@pytest.mark.parametrize("flags, step", [
+    (["--protocol", "choco", "--compress-op", "topk:0.01"], CONSENSUS_STEPS["choco"]["topk"]),
+    (["--protocol", "choco", "--compress-op", "randk:0.01"], CONSENSUS_STEPS["choco"]["randk"]),
+    (["--protocol", "choco", "--compress-op", "topk:0.01", "--consensus-step", "0.3"], 0.3),
+    (["--protocol", "dpsgd", "--sparsify", "topk:0.01", "--error-feedback"], CONSENSUS_STEPS["deepsqueeze"]["topk"]),
+    (["--protocol", "dpsgd", "--sparsify", "topk:0.01"], None),  # DCD-PSGD takes no step
+])
+def test_the_consensus_step_follows_the_operator_unless_given(flags, step, tmp_path):
+    assert main([*RING, "--nodes", "3", "--rounds", "1", "--model", "mlp:hidden=8", *flags,
+                 "--out", str(tmp_path / "run")]) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["consensus_step"] == step
+    assert CONSENSUS_STEPS["choco"]["topk"] < CONSENSUS_STEPS["choco"]["sign"]  # sparse operators take smaller steps
 
 
 def test_received_bodies_are_checked_before_use():
@@ -188,13 +205,17 @@ def _frame(kind: str, rnd: int, body) -> int:
                                    ["--protocol", "choco", "--compress-op", "randk:0.1"],
                                    ["--protocol", "choco", "--compress-op", "sign"],
                                    ["--protocol", "choco", "--compress-op", "q4"],
+                                   ["--protocol", "dpsgd", "--sparsify", "topk:0.01"],
                                    ["--protocol", "dpsgd", "--sparsify", "topk:0.01", "--error-feedback"]])
 def test_every_compressed_message_is_exactly_its_frame(flags, tmp_path):
     _, _, messages = _run(tmp_path / "run", "--nodes", "5", "--rounds", "3", "--model", "mlp:hidden=32", *flags)
     state = float_state(build_model("mlp:hidden=32", (1, 8, 8), 10))
     op, kind = Operator.parse("compress-op", flags[3]), "choco" if flags[1] == "choco" else "model"
     for m in messages:
-        body = {"seq": m["round"] + 1, "stale": [], "degree": 2, "delta": op.compress(state, np.random.default_rng(0))}
+        q = op.compress(state, np.random.default_rng(0))
+        # DeepSqueeze sends Q(v + e) alone; CHOCO and DCD-PSGD an increment to the copies, numbered
+        body = {"degree": 2, "c": q} if "--error-feedback" in flags else {
+            "seq": m["round"] + 1, "stale": [], "degree": 2, "delta": q}
         assert m["kind"] == kind and m["bytes"] == _frame(kind, m["round"], body)
     assert len(messages) == 5 * 2 * 3
 
@@ -233,7 +254,8 @@ def test_under_churn_every_method_finishes_the_same_way_twice(flags, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert len(rows) == 10 * 8 and first["dropped_offline"] > 0 and first["dropped_loss"] > 0
     whole = 4 * (16 * 64 + 16 + 10 * 16 + 10)  # float32 bytes of an x̂ sent whole, after a lost increment
-    assert any(m["bytes"] > whole for m in messages) != ("powergossip" in flags)
+    has_copies = "powergossip" not in flags and "--error-feedback" not in flags  # DeepSqueeze keeps none
+    assert any(m["bytes"] > whole for m in messages) == has_copies
 
 
 def test_silent_neighbours_only_matter_when_a_neighbour_is_silent(tmp_path):
