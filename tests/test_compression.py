@@ -223,13 +223,17 @@ def test_every_compressed_message_is_exactly_its_frame(flags, tmp_path):
 def test_a_powergossip_message_is_rank_times_a_side_of_each_matrix(tmp_path):
     _, _, messages = _run(tmp_path / "run", "--nodes", "5", "--rounds", "4", "--model", "mlp:hidden=32",
                           "--protocol", "powergossip", "--rank", "2", "--power-steps", "2")
-    # 64 inputs, 32 hidden, 10 classes: each weight and bias as m x n, sent as n x rank (even steps) or m x rank
-    sides = {0: [(64, 2), (1, 1), (32, 2), (1, 1)], 1: [(32, 2), (32, 1), (10, 2), (10, 1)]}
-    names = ("backbone.1.weight", "backbone.1.bias", "classifier.1.weight", "classifier.1.bias")
+    # 64 inputs, 32 hidden, 10 classes: each weight as m x n, sent as n x rank (power step s + K even) or m x rank;
+    # the biases whole, in each round's first power step
+    sides = {0: [(64, 2), (32, 2)], 1: [(32, 2), (10, 2)]}
+    names = ("backbone.1.weight", "classifier.1.weight")
+    biases = {"backbone.1.bias": torch.zeros(32), "classifier.1.bias": torch.zeros(10)}
     for m in messages:
-        step = 2 * m["round"] + int(m["kind"][-1])
-        products = {n: torch.zeros(shape) for n, shape in zip(names, sides[step % 2])}
-        assert m["bytes"] == _frame(m["kind"], m["round"], {"degree": 2, "pair": [0, step], "products": products})
+        k = int(m["kind"][-1])
+        step = 2 * m["round"] + k
+        products = {n: torch.zeros(shape) for n, shape in zip(names, sides[(step + 2) % 2])}
+        body = {"degree": 2, "pair": [0, step], "products": products}
+        assert m["bytes"] == _frame(m["kind"], m["round"], {**body, "exact": biases} if k == 0 else body)
 
 
 def test_powergossip_at_full_rank_averages_a_pair_exactly(tmp_path):
