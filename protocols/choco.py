@@ -36,6 +36,9 @@ class ChocoOptions(MixingOptions, SGDOptions):
     silent_neighbours: str = field(default="drop", metadata={
         "help": "choco: a neighbour not heard this round is left out of the consensus step, its weight kept by the "
                 "node (drop), or counted with its last x̂ (keep)"})
+    choco_order: str = field(default="iclr2020", metadata={
+        "help": "choco: iclr2020 (compress, exchange, then the consensus step on the new copies) or icml2019 "
+                "(the consensus step on the last exchange's copies, then compress and exchange)"})
 
     def validate(self):
         super().validate()
@@ -45,6 +48,8 @@ class ChocoOptions(MixingOptions, SGDOptions):
         check("consensus-step", self.consensus_step, 0 < self.consensus_step <= 1, "must be in (0, 1]")
         check("silent-neighbours", repr(self.silent_neighbours), self.silent_neighbours in ("drop", "keep"),
               "choose drop or keep")
+        check("choco-order", repr(self.choco_order), self.choco_order in ("iclr2020", "icml2019"),
+              "choose iclr2020 or icml2019")
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Carried:
     model: Resident
     momentum: Resident
     copies: PublicCopies
+    heard: list = field(default_factory=list)  # the neighbours heard at the last exchange
 
 
 @register("choco")
@@ -73,17 +79,27 @@ class Choco(LearningProtocol):
         zeros = {name: value.zero_() for name, value in on_host(await self.state(node, model)).items()}
         # every x̂_j starts at 0: a broadcast view of one zero holds that start in no memory
         copies = PublicCopies(public=zeros, start={k: v.new_zeros(()).expand(v.shape) for k, v in zeros.items()})
-        node.carry(Carried(model, momentum, copies))
+        carried = node.carry(Carried(model, momentum, copies))
         valid = copies.check(operator, node.num_nodes)
         async for _ in node.rounds():
             loss = await self.train(node, model, data, carried=momentum)  # 1
+            if o.choco_order == "icml2019":
+                await self.consensus(node, model, carried)
             q = operator.compress(difference(on_host(await self.state(node, model)), copies.public), node.np_rng)  # 2
             copies.advance(operator.decompress(q, copies.public))
             copies.send(node, "choco", q, degree=len(node.in_neighbours))  # 3
             heard = await node.gather("choco", timeout=o.timeout, valid=valid)
             copies.receive(node, heard, operator)
-            among = heard if o.silent_neighbours == "drop" else None
-            await node.compute(shift, model, copies.consensus(node, o.mixing, o.consensus_step, among), work=0)  # 4
+            carried.heard = sorted(heard)
+            if o.choco_order == "iclr2020":
+                await self.consensus(node, model, carried)  # 4
             node.snapshot(await self.state(node, model))
             node.log(train_loss=loss, **await self.evaluate(node, model, data), heard_from=len(heard),
                      stale_copies=len(copies.stale))
+
+    async def consensus(self, node, model, carried: Carried) -> None:
+        """x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), over the neighbours heard at the last exchange (drop)
+        or every neighbour whose x̂_j is whole (keep)."""
+        o = self.options
+        among = carried.heard if o.silent_neighbours == "drop" else None
+        await node.compute(shift, model, carried.copies.consensus(node, o.mixing, o.consensus_step, among), work=0)

@@ -7,8 +7,8 @@ Compression operators Q (--compress-op, --sparsify), each per tensor of a state 
            (the scale epfml/ChocoSGD uses)
   q8, q4   unbiased stochastic rounding to 8 or 4 bits with the max-abs scale (the wire's --compress)
   qsgd:s=S QSGD (Alistarh et al. 2017): sign(x_i) ||x||_2 xi_i / S with xi_i = floor(S |x_i| / ||x||_2 + u),
-           u ~ U[0, 1) from the sender's generator, so unbiased; 1 <= S <= 32767 levels, qsgd alone S=16
-           (epfml/ChocoSGD's choco runs). Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
+           u ~ U[0, 1) from the sender's generator, so unbiased; 1 <= S <= 32767 levels, qsgd alone S=127,
+           the most int8 holds. Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
            Unlike q8/q4 the scale is the L2 norm, not max |x_i|, and S is free: entries small against
            ||x||_2 mostly round to 0 (a sparse, unbiased code), and E||Q(x) - x||^2 <= min(n/S^2, sqrt(n)/S) ||x||^2
   none     the tensor itself
@@ -37,7 +37,7 @@ from .common import DEGREE, Check, expects, like, node_ids
 torch = LazyModule("torch")
 
 OPERATORS = ("topk", "randk", "sign", "q8", "q4", "qsgd", "none")
-QSGD_LEVELS = 16  # s of a plain `qsgd`: epfml/ChocoSGD's num_levels in its CHOCO-SGD QSGD runs
+QSGD_LEVELS = 127  # a plain `qsgd`'s s, the most int8 holds: at 16 CHOCO and DeepSqueeze diverge (docs/compression.md)
 CODE_TYPES = (np.int8, np.int16)  # qsgd's codes, in [-s, s]: the narrowest of these that holds s
 INDEX_TYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
 
@@ -283,8 +283,9 @@ def weighted_differences(own: dict, rows, step: float) -> dict:
 
 
 # The consensus step a method takes when --consensus-step is not given, by operator: the best final accuracy
-# of experiments/compression_gamma.yaml (digits, a held-out seed; docs/compression.md). none is exact gossip.
+# of experiments/compression_gamma.yaml (digits, seed 9, held out from the tables; docs/compression.md), with
+# top-k and random-k at F = 0.01 and qsgd at s = 127. CHOCO's none is exact gossip of the copies.
 CONSENSUS_STEPS = {
     "choco": {"topk": 0.05, "randk": 0.01, "sign": 1.0, "q8": 1.0, "q4": 1.0, "qsgd": 1.0, "none": 1.0},
-    "deepsqueeze": {"topk": 0.05, "randk": 0.01, "sign": 1.0, "q8": 1.0, "q4": 1.0, "qsgd": 1.0},
+    "deepsqueeze": {"topk": 0.01, "randk": 0.01, "sign": 0.2, "q8": 1.0, "q4": 0.5, "qsgd": 0.5},
 }

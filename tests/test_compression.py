@@ -76,6 +76,7 @@ def test_a_bad_operator_is_named(spec):
     (["--protocol", "choco", "--compress-op", "topk:2"], "--compress-op"),
     (["--protocol", "choco", "--consensus-step", "0"], "--consensus-step"),
     (["--protocol", "choco", "--silent-neighbours", "forget"], "--silent-neighbours"),
+    (["--protocol", "choco", "--choco-order", "icml2018"], "--choco-order"),
     (["--protocol", "dpsgd", "--sparsify", "top"], "--sparsify"),
     (["--protocol", "dfedavgm", "--error-feedback"], "--error-feedback"),
     (["--protocol", "dpsgd", "--sparsify", "sign", "--consensus-step", "0.5"], "--consensus-step"),

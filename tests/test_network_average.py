@@ -50,10 +50,11 @@ def _drift(means) -> float:
     ["--protocol", "choco", "--compress-op", "sign"],
     ["--protocol", "choco", "--compress-op", "topk:0.1"],
     ["--protocol", "choco", "--compress-op", "q4"],
+    ["--protocol", "choco", "--compress-op", "qsgd", "--choco-order", "icml2019"],
     ["--protocol", "dpsgd", "--sparsify", "sign", "--error-feedback"],
     ["--protocol", "dpsgd", "--sparsify", "topk:0.1", "--error-feedback"],
     ["--protocol", "dfedavgm", "--sparsify", "q8", "--error-feedback"],
-    ["--protocol", "powergossip"],
+    ["--protocol", "powergossip", "--consensus-step", "1.3", "--power-steps", "2"],
 ], ids=lambda flags: " ".join(flags[1:]))
 def test_mixing_keeps_the_network_average(tmp_path, monkeypatch, flags):
     means = _means(tmp_path, monkeypatch, flags)

@@ -94,7 +94,7 @@ def test_zeros_float64_and_non_finite_tensors():
 
 
 def test_a_plain_qsgd_and_the_narrowest_code_types():
-    assert Operator.parse("sparsify", "qsgd") == Operator("qsgd", 1.0, QSGD_LEVELS) == _qsgd(16)
+    assert Operator.parse("sparsify", "qsgd") == Operator("qsgd", 1.0, QSGD_LEVELS) == _qsgd(127)
     x = torch.randn(10)
     for s, kind in ((1, torch.int8), (127, torch.int8), (128, torch.int16), (32767, torch.int16)):
         assert _qsgd(s).compress({"w": x}, np.random.default_rng(0))["w"]["c"].dtype == kind
