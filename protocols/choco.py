@@ -1,17 +1,25 @@
-"""CHOCO-SGD (Koloskova, Lin, Stich, Jaggi, ICLR 2020, Algorithm 2): compressed gossip with momentum SGD.
+"""CHOCO-SGD (Koloskova, Lin, Stich, Jaggi, ICLR 2020): compressed gossip with momentum SGD.
 
 Node i keeps x_i, its public copy x̂_i, and a copy x̂_j of each neighbour's; every x̂ starts at 0.
-Each round, node i:
+Each round, node i, in the order of the paper's Algorithm 1 (Algorithm 2 with momentum):
   1. takes --local-steps steps of SGD with heavy-ball momentum (the buffer carries between rounds):
      x_i <- x_i^{t+1/2};
   2. q_i = Q(x_i - x̂_i) with the operator --compress-op; x̂_i <- x̂_i + q_i;
   3. sends q_i to its (out-)neighbours, and adds each q_j it hears to x̂_j;
-  4. x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), gamma = --consensus-step, w_ij Metropolis-Hastings
-     (or uniform) from the two degrees.
-The paper assumes every q_j arrives. Here a neighbour not heard this round keeps its x̂_j for later, and
-in step 4 gives its weight back to i (--silent-neighbours drop) or counts with that last x̂_j (keep).
-A copy x̂_j that missed an increment is left out of step 4 until j, asked, sends its x̂_j whole once,
-counted on the ledger (protocols/compression.py: PublicCopies).
+  4. x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), gamma = --consensus-step (unset: the operator's,
+     compression.CONSENSUS_STEPS), w_ij Metropolis-Hastings (or uniform) from the two degrees.
+--choco-order icml2019 runs the order of the reference code (epfml/ChocoSGD, dl_code/pcode/optim/
+parallel_choco.py; Koloskova et al., ICML 2019): 1, then 4 on the copies of the last exchange, then 2
+and 3. At the digits table's settings the two orders end within 0.33 points (docs/compression.md).
+With --compress-op none and gamma 1 this is D-PSGD only with --momentum 0.
+The paper assumes every q_j arrives. Here a neighbour not heard at the last exchange keeps its x̂_j for
+later, and in step 4 gives its weight back to i (--silent-neighbours drop) or counts with that last x̂_j
+(keep). A copy x̂_j that missed an increment is left out of step 4 until j, asked, sends its x̂_j whole
+once, counted on the ledger (protocols/compression.py: PublicCopies).
+Other departures from the reference code: every floating-point entry travels, BatchNorm's running
+statistics with the weights, as in every averaging protocol here (the reference gossips the parameters
+only); heavy-ball momentum, not the Nesterov momentum and learning-rate schedule of its ResNet-20
+scripts; each x̂_j is kept whole (the reference keeps only sum_j w_ij x̂_j, which a lost increment would leave wrong).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ class ChocoOptions(MixingOptions, SGDOptions):
     local_steps: int = default(SGDOptions, "local_steps", 1)
     compress_op: str = field(default="sign", metadata={
         "help": "choco: Q, how x - x̂ is sent: topk:F, randk:F (F the share of each tensor's entries), sign, q8, "
-                "q4, qsgd:s=S or none"})
+                "q4, qsgd:s=S[,biased] or none"})
     consensus_step: float | None = field(default=None, metadata={
         "help": "choco: gamma, the consensus step size in (0, 1] (unset: the operator's, docs/compression.md)"})
     silent_neighbours: str = field(default="drop", metadata={

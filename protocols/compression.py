@@ -8,7 +8,8 @@ Compression operators Q (--compress-op, --sparsify), each per tensor of a state 
   q8, q4   unbiased stochastic rounding to 8 or 4 bits with the max-abs scale (the wire's --compress)
   qsgd:s=S QSGD (Alistarh et al. 2017): sign(x_i) ||x||_2 xi_i / S with xi_i = floor(S |x_i| / ||x||_2 + u),
            u ~ U[0, 1) from the sender's generator, so unbiased; 1 <= S <= 32767 levels, qsgd alone S=127,
-           the most int8 holds. Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
+           the most int8 holds. qsgd:s=S,biased scales it by 1 / (1 + omega), omega = min(n/S^2, sqrt(n)/S),
+           so E||Q(x) - x||^2 < ||x||^2 (a contraction, as CHOCO's theory asks; epfml/ChocoSGD's is_biased). Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
            Unlike q8/q4 the scale is the L2 norm, not max |x_i|, and S is free: entries small against
            ||x||_2 mostly round to 0 (a sparse, unbiased code), and E||Q(x) - x||^2 <= min(n/S^2, sqrt(n)/S) ||x||^2
   none     the tensor itself
@@ -59,6 +60,7 @@ class Operator:
     name: str
     fraction: float = 1.0  # topk and randk: the share of each tensor's entries sent
     levels: int = 0  # qsgd: s, the number of levels of |x_i| / ||x||_2 above 0
+    biased: bool = False  # qsgd: scaled by 1 / (1 + omega), a contraction, as the reference's CHOCO runs use
 
     @classmethod
     def parse(cls, flag: str, spec: str) -> Operator:
@@ -72,15 +74,20 @@ class Operator:
                 fraction = math.nan
             good = 0 < fraction <= 1
         elif name == "qsgd":
-            digits = text.removeprefix("s=") if text.startswith("s=") else str(QSGD_LEVELS) if not text else ""
-            levels = int(digits) if digits.isascii() and digits.isdigit() else 0
+            parts = text.split(",") if text else []
+            biased = parts[-1:] == ["biased"]
+            rest = parts[:-1] if biased else parts
+            digits = rest[0].removeprefix("s=") if rest[:1] and rest[0].startswith("s=") else "" if rest else str(
+                QSGD_LEVELS)
+            levels = int(digits) if len(rest) <= 1 and digits.isascii() and digits.isdigit() else 0
             good = 1 <= levels <= np.iinfo(CODE_TYPES[-1]).max
         else:
             good = name in OPERATORS and not text
         if not good:
-            raise UsageError(f"--{flag} {spec!r}: choose topk:F or randk:F (0 < F <= 1), sign, q8, q4, qsgd:s=S "
-                             f"(1 <= S <= {np.iinfo(CODE_TYPES[-1]).max}; qsgd: S={QSGD_LEVELS}) or none")
-        return cls(name, fraction, levels)
+            raise UsageError(f"--{flag} {spec!r}: choose topk:F or randk:F (0 < F <= 1), sign, q8, q4, "
+                             f"qsgd:s=S[,biased] (1 <= S <= {np.iinfo(CODE_TYPES[-1]).max}; qsgd: S={QSGD_LEVELS}) "
+                             "or none")
+        return cls(name, fraction, levels, name == "qsgd" and biased)
 
     def kept(self, size: int) -> int:
         """How many entries of a tensor of `size` a sparse operator sends."""
@@ -113,7 +120,7 @@ class Operator:
             codes, scale = wire.quantise(flat, self.name, rng)
             return {"c": codes, "s": scale}
         if self.name == "qsgd":
-            return _qsgd(flat, self.levels, rng)
+            return _qsgd(flat, self.levels, rng, self.biased)
         return flat.clone()
 
     def _decompress(self, part, n: int, dtype):
@@ -154,8 +161,9 @@ class Operator:
         return like(torch.zeros(n, dtype=dtype))
 
 
-def _qsgd(flat, levels: int, rng: np.random.Generator) -> dict:
-    """QSGD's codes of a flat tensor, sign(x_i) xi_i with xi_i = floor(s |x_i| / ||x||_2 + u), and ||x||_2."""
+def _qsgd(flat, levels: int, rng: np.random.Generator, biased: bool = False) -> dict:
+    """QSGD's codes of a flat tensor, sign(x_i) xi_i with xi_i = floor(s |x_i| / ||x||_2 + u), and its scale:
+    ||x||_2, or, biased, ||x||_2 / (1 + omega) with omega = min(n / s^2, sqrt(n) / s), the variance bound."""
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     x = flat.to(work)
     norm = float(torch.linalg.vector_norm(x, dtype=torch.float64)) if x.numel() else 0.0
@@ -165,7 +173,9 @@ def _qsgd(flat, levels: int, rng: np.random.Generator) -> dict:
     u = rng.random(y.numel(), dtype=np.float32 if work == torch.float32 else np.float64)
     # floor(y + u) is floor(y) + 1 with probability frac(y): E[xi] = y. y <= s but for rounding in the norm.
     xi = y.add_(torch.from_numpy(u)).floor_().clamp_(max=levels)
-    return {"c": xi.copysign_(x).to(code_type(levels)), "s": norm}
+    n = x.numel()
+    omega = min(n / levels ** 2, math.sqrt(n) / levels) if biased else 0.0
+    return {"c": xi.copysign_(x).to(code_type(levels)), "s": norm / (1 + omega)}
 
 
 def _scale(dtype) -> Check:

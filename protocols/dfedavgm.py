@@ -47,7 +47,7 @@ from .compression import CONSENSUS_STEPS, Operator, PublicCopies, copied, on_hos
 class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
     sparsify: str = field(default="none", metadata={"help": (
         "dfedavgm, dpsgd: send Q(...) instead of x, Q one of topk:F, randk:F (F the share of each tensor's "
-        "entries), sign, q8, q4, qsgd:s=S: DCD-PSGD, or DeepSqueeze with --error-feedback (none: send x)")})
+        "entries), sign, q8, q4, qsgd:s=S[,biased]: DCD-PSGD, or DeepSqueeze with --error-feedback (none: send x)")})
     error_feedback: bool = field(default=False, metadata={"help": (
         "dfedavgm, dpsgd with --sparsify: DeepSqueeze, which sends Q(x + e) and keeps what Q dropped in e for "
         "the next round (without it: DCD-PSGD)")})

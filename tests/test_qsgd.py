@@ -100,8 +100,26 @@ def test_a_plain_qsgd_and_the_narrowest_code_types():
         assert _qsgd(s).compress({"w": x}, np.random.default_rng(0))["w"]["c"].dtype == kind
 
 
+@pytest.mark.parametrize("n, s", [(4096, 16), (1000, 127), (64, 1)])
+def test_biased_qsgd_is_the_unbiased_one_scaled_to_a_contraction(n, s):
+    """qsgd:s=S,biased = Q(x) / (1 + omega): its mean is x / (1 + omega) and E||Q'(x) - x||^2 <= omega / (1 + omega)
+    ||x||^2 < ||x||^2, where the unbiased one's error may pass ||x||^2 (omega > 1)."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    omega = min(n / s ** 2, n ** 0.5 / s)
+    biased = Operator.parse("compress-op", f"qsgd:s={s},biased")
+    assert biased == Operator("qsgd", 1.0, s, True) and Operator.parse("compress-op", "qsgd:biased").levels == 127
+    first, again = (biased.compress({"w": x}, np.random.default_rng(3))["w"] for _ in range(2))
+    plain = _qsgd(s).compress({"w": x}, np.random.default_rng(3))["w"]
+    assert torch.equal(first["c"], plain["c"]) and first["s"] == pytest.approx(plain["s"] / (1 + omega), rel=1e-12)
+    q = _draws(biased, x, 400, np.random.default_rng(4))
+    error = float((q - x).square().sum(1).mean() / x.square().sum())
+    assert error <= omega / (1 + omega) * 1.05 and error < 1
+    assert torch.allclose(q.mean(0) * (1 + omega), x, atol=5 * float(q.std(0).max()) * (1 + omega) / 20)
+
+
 @pytest.mark.parametrize("spec", ["qsgd:s=0", "qsgd:x", "qsgd:s=1.5", "qsgd:4", "qsgd:s=", "qsgd:s=-3",
-                                  "qsgd:s=32768", "qsgd:s=4:5"])
+                                  "qsgd:s=32768", "qsgd:s=4:5", "qsgd:biased,s=4", "qsgd:s=4,biased,biased",
+                                  "qsgd:s=4,", "qsgd:,biased"])
 def test_a_bad_qsgd_is_named(spec):
     with pytest.raises(UsageError, match="--compress-op") as e:
         Operator.parse("compress-op", spec)
