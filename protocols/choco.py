@@ -19,7 +19,8 @@ once, counted on the ledger (protocols/compression.py: PublicCopies).
 Other departures from the reference code: every floating-point entry travels, BatchNorm's running
 statistics with the weights, as in every averaging protocol here (the reference gossips the parameters
 only); heavy-ball momentum, not the Nesterov momentum and learning-rate schedule of its ResNet-20
-scripts; each x̂_j is kept whole (the reference keeps only sum_j w_ij x̂_j, which a lost increment would leave wrong).
+scripts; each x̂_j is kept whole (the reference keeps only sum_j w_ij x̂_j, which a lost increment
+would leave wrong).
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ Compression operators Q (--compress-op, --sparsify), each per tensor of a state 
   qsgd:s=S QSGD (Alistarh et al. 2017): sign(x_i) ||x||_2 xi_i / S with xi_i = floor(S |x_i| / ||x||_2 + u),
            u ~ U[0, 1) from the sender's generator, so unbiased; 1 <= S <= 32767 levels, qsgd alone S=127,
            the most int8 holds. qsgd:s=S,biased scales it by 1 / (1 + omega), omega = min(n/S^2, sqrt(n)/S),
-           so E||Q(x) - x||^2 < ||x||^2 (a contraction, as CHOCO's theory asks; epfml/ChocoSGD's is_biased). Codes travel as int8 (S <= 127) or int16, with ||x||_2 as a float.
+           so E||Q(x) - x||^2 < ||x||^2 (a contraction, as CHOCO's theory asks; epfml/ChocoSGD's is_biased).
+           Codes travel as int8 (S <= 127) or int16, with ||x||_2 (or its scaled value) as a float.
            Unlike q8/q4 the scale is the L2 norm, not max |x_i|, and S is free: entries small against
            ||x||_2 mostly round to 0 (a sparse, unbiased code), and E||Q(x) - x||^2 <= min(n/S^2, sqrt(n)/S) ||x||^2
   none     the tensor itself

@@ -26,6 +26,10 @@ model v_i = x_i after step 1 in place of their single SGD step:
     c_i = Q(v_i + e_i); e_i <- v_i + e_i - c_i (the error, 0 at first); send c_i;
     x_i <- v_i + eta sum_{j heard} w_ij (c_j - c_i), eta = --consensus-step.
     No copies: each message is the whole compressed model, so a lost one costs one round.
+Both follow epfml/ChocoSGD's dl_code/pcode/optim/dcd_psgd.py and deep_squeeze.py rule for rule.
+Departures: the local steps (with DFedAvgM's momentum, fresh each round) stand for their one SGD
+step; a neighbour not heard gives its weight back to i; a replica that missed an increment is
+repaired whole; BatchNorm's running statistics travel (the reference sends the parameters only).
 Unset, --consensus-step follows the operator (compression.CONSENSUS_STEPS, tuned on a
 held-out seed); config.yaml records the value used.
 """
@@ -142,7 +146,8 @@ class DFedAvgM(LearningProtocol):
         return len(models)
 
     async def dcd_psgd(self, node, model, carried: Carried, valid) -> int:
-        """DCD-PSGD's exchange: x_i <- x̂_i + Q(v_i - x̂_i + sum_j w_ij (x̂_j - x̂_i)), then Q(z_i) to the neighbours."""
+        """DCD-PSGD's exchange: x_i <- x̂_i + Q(z_i), z_i = v_i - x̂_i + sum_j w_ij (x̂_j - x̂_i); Q(z_i) to the
+        neighbours."""
         o, copies = self.options, carried.copies
         v = on_host(await self.state(node, model))
         mixing = copies.consensus(node, o.mixing, 1.0, among=carried.heard)
