@@ -67,7 +67,7 @@ class Carried:
     model: Resident
     momentum: Resident
     copies: PublicCopies
-    heard: list = field(default_factory=list)  # the neighbours heard at the last exchange
+    rows: list = field(default_factory=list)  # [w_ij, j] of the neighbours mixed, as the last exchange left them
 
 
 @register("choco")
@@ -99,7 +99,7 @@ class Choco(LearningProtocol):
             copies.send(node, "choco", q, degree=len(node.in_neighbours))  # 3
             heard = await node.gather("choco", timeout=o.timeout, valid=valid)
             copies.receive(node, heard, operator)
-            carried.heard = sorted(heard)
+            carried.rows = copies.rows(node, o.mixing, heard if o.silent_neighbours == "drop" else None)
             if o.choco_order == "iclr2020":
                 await self.consensus(node, model, carried)  # 4
             node.snapshot(await self.state(node, model))
@@ -107,8 +107,7 @@ class Choco(LearningProtocol):
                      stale_copies=len(copies.stale))
 
     async def consensus(self, node, model, carried: Carried) -> None:
-        """x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), over the neighbours heard at the last exchange (drop)
-        or every neighbour whose x̂_j is whole (keep)."""
-        o = self.options
-        among = carried.heard if o.silent_neighbours == "drop" else None
-        await node.compute(shift, model, carried.copies.consensus(node, o.mixing, o.consensus_step, among), work=0)
+        """x_i <- x_i + gamma sum_j w_ij (x̂_j - x̂_i), over the rows of the last exchange: the neighbours heard
+        then (drop) or every neighbour whose x̂_j was whole (keep), with the weights of that round's graph."""
+        step = carried.copies.consensus(carried.rows, self.options.consensus_step)
+        await node.compute(shift, model, step, work=0)

@@ -18,7 +18,7 @@ Indices travel in the narrowest unsigned type that holds the tensor's size, so t
 k values and k indices, not the dense size.
 
 PublicCopies: x̂, the copy of a node's model that its neighbours rebuild from the compressed
-increments it sends (CHOCO-SGD's x̂_i, and error feedback's "what was sent so far"), and the node's
+increments it sends (CHOCO-SGD's x̂_i, and DCD-PSGD's replica of the node's model), and the node's
 copies of its neighbours' x̂_j. Lost increments are detected by a sequence number and repaired by one
 dense copy on request (see docs/compression.md).
 """
@@ -81,7 +81,7 @@ class Operator:
             digits = rest[0].removeprefix("s=") if rest[:1] and rest[0].startswith("s=") else "" if rest else str(
                 QSGD_LEVELS)
             levels = int(digits) if len(rest) <= 1 and digits.isascii() and digits.isdigit() else 0
-            good = 1 <= levels <= np.iinfo(CODE_TYPES[-1]).max
+            good = 1 <= levels <= np.iinfo(CODE_TYPES[-1]).max and (bool(text) or ":" not in spec)
         else:
             good = name in OPERATORS and not text
         if not good:
@@ -118,11 +118,19 @@ class Operator:
             scale = float(flat.abs().mean()) if n else 0.0
             return {"b": np.packbits((flat >= 0).numpy()), "s": scale}
         if self.name in wire.QUANTISERS:
+            if not torch.isfinite(flat).all():  # a diverged model: a body every receiver refuses, as for sign
+                return {"c": self._codes(n), "s": math.nan}
             codes, scale = wire.quantise(flat, self.name, rng)
             return {"c": codes, "s": scale}
         if self.name == "qsgd":
             return _qsgd(flat, self.levels, rng, self.biased)
         return flat.clone()
+
+    def _codes(self, n: int):
+        """Zero codes of a quantiser for n entries, shaped as on the wire."""
+        if self.name == "qsgd":
+            return torch.zeros(n, dtype=code_type(self.levels))
+        return torch.zeros(n, dtype=torch.int8) if self.name == "q8" else torch.zeros((n + 1) // 2, dtype=torch.uint8)
 
     def _decompress(self, part, n: int, dtype):
         if self.name in ("topk", "randk"):
@@ -150,9 +158,7 @@ class Operator:
         if self.name == "sign":
             return expects(b=np.zeros((n + 7) // 8, np.uint8), s=scale)
         if self.name in wire.QUANTISERS:
-            codes = torch.zeros(n, dtype=torch.int8) if self.name == "q8" else torch.zeros((n + 1) // 2,
-                                                                                           dtype=torch.uint8)
-            return expects(c=codes, s=scale)
+            return expects(c=self._codes(n), s=scale)
         if self.name == "qsgd":
             levels, kind = self.levels, code_type(self.levels)
             # |code| <= s and scale <= the dtype's max: every decompressed entry is finite
@@ -168,8 +174,8 @@ def _qsgd(flat, levels: int, rng: np.random.Generator, biased: bool = False) -> 
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     x = flat.to(work)
     norm = float(torch.linalg.vector_norm(x, dtype=torch.float64)) if x.numel() else 0.0
-    if not norm <= torch.finfo(flat.dtype).max:  # a receiver refuses it (its _check): say so at the source
-        raise ValueError(f"qsgd cannot quantise a tensor holding inf or nan, or whose norm overflows {flat.dtype}")
+    if not norm <= torch.finfo(flat.dtype).max:  # a diverged model: a body every receiver refuses (its scale)
+        return {"c": torch.zeros(x.numel(), dtype=code_type(levels)), "s": math.nan}
     y = x.abs().div_(norm or 1.0).mul_(levels)
     u = rng.random(y.numel(), dtype=np.float32 if work == torch.float32 else np.float64)
     # floor(y + u) is floor(y) + 1 with probability frac(y): E[xi] = y. y <= s but for rounding in the norm.
@@ -204,7 +210,7 @@ def on_host(state: dict) -> dict:
 class PublicCopies:
     """x̂_i (what the neighbours rebuild of this node's model) and this node's x̂_j of each neighbour j.
 
-    Every copy starts at `start` (CHOCO: zeros; error feedback: the common x0), or, with start None
+    Every copy starts at `start` (CHOCO: zeros; DCD-PSGD: the common x0), or, with start None
     (--init independent), is unknown until x̂_j comes whole, as it does in j's first message. A sender
     numbers its increments; a receiver that finds one missing keeps its last x̂_j, marks j stale and says
     so in each message it sends; j then sends it its whole x̂_j once, and the ledger counts those bytes.
@@ -275,13 +281,16 @@ class PublicCopies:
         elif not stale and j in self.stale:
             self.stale = [k for k in self.stale if k != j]
 
-    def consensus(self, node, mixing: str, step: float, among: dict | None = None) -> dict:
-        """gamma * sum_j w_ij (x̂_j - x̂_i) over the in-neighbours (those in `among`, if given) whose x̂_j this
-        node holds whole and whose degree it knows; a stale x̂_j, off by the increments it missed, waits."""
+    def rows(self, node, mixing: str, among=None) -> list:
+        """[w_ij, j] of the in-neighbours (those in `among`, if given) whose x̂_j this node holds whole and whose
+        degree it knows, from the graph of this exchange; a stale x̂_j, off by the increments it missed, waits."""
         degree = len(node.in_neighbours)
-        rows = [(neighbour_weight(mixing, degree, self.degrees[j]), self.copies[j]) for j in node.in_neighbours
+        return [[neighbour_weight(mixing, degree, self.degrees[j]), j] for j in node.in_neighbours
                 if j in self.degrees and self.in_step(j) and (among is None or j in among)]
-        return weighted_differences(self.public, rows, step)
+
+    def consensus(self, rows: list, step: float) -> dict:
+        """gamma * sum_j w_ij (x̂_j - x̂_i) over `rows` [w_ij, j] (taken at an exchange, kept for a later round)."""
+        return weighted_differences(self.public, [(w, self.copies[j]) for w, j in rows if self.in_step(j)], step)
 
 
 def weighted_differences(own: dict, rows, step: float) -> dict:

@@ -64,6 +64,9 @@ class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
         operator = self.operator  # first: parsing it checks it
         if operator.name == "none" and self.error_feedback:
             raise UsageError("--error-feedback: needs --sparsify")
+        if operator.name != "none" and self.robust_rule[0] != "mean":
+            raise UsageError(f"--aggregate {self.aggregate}: not with --sparsify (DCD-PSGD and DeepSqueeze mix by "
+                             "their weights)")
         if not self.error_feedback:
             if self.consensus_step is not None:
                 raise UsageError(f"--consensus-step {self.consensus_step}: needs --sparsify and --error-feedback "
@@ -84,7 +87,7 @@ class Carried:
     DCD-PSGD's replicas x̂ and the neighbours heard at the last exchange, or DeepSqueeze's error e_i."""
     model: Resident
     copies: PublicCopies | None = None
-    heard: list = field(default_factory=list)
+    rows: list = field(default_factory=list)  # DCD-PSGD: [w_ij, j] of the neighbours heard at the last exchange
     error: dict | None = None
 
 
@@ -150,7 +153,7 @@ class DFedAvgM(LearningProtocol):
         neighbours."""
         o, copies = self.options, carried.copies
         v = on_host(await self.state(node, model))
-        mixing = copies.consensus(node, o.mixing, 1.0, among=carried.heard)
+        mixing = copies.consensus(carried.rows, 1.0)
         z = {name: v[name] - copies.public[name] + mixing[name] for name in v}
         q = o.operator.compress(z, node.np_rng)
         copies.advance(o.operator.decompress(q, v))
@@ -158,7 +161,7 @@ class DFedAvgM(LearningProtocol):
         copies.send(node, "model", q, degree=len(node.in_neighbours))
         heard = await node.gather("model", timeout=o.timeout, valid=valid)
         copies.receive(node, heard, o.operator)
-        carried.heard = sorted(heard)
+        carried.rows = copies.rows(node, o.mixing, heard)
         return len(heard)
 
     async def deepsqueeze(self, node, model, carried: Carried, valid) -> int:

@@ -60,6 +60,8 @@ RUNS = {
                                  adversaries="fraction=0.25,kind=stale"),
     "choco": dict(protocol="choco", topology="regular:d=4", nodes=8, rounds=7, model="mlp:hidden=16", seed=21,
                   loss="0.15", timeout=0.5),  # lost increments: stale copies, asked for whole
+    "choco-icml2019": dict(protocol="choco", topology="regular:d=4", nodes=8, rounds=7, model="mlp:hidden=16",
+                           seed=28, loss="0.15", timeout=0.5, choco_order="icml2019"),  # rows kept across rounds
     "deepsqueeze-randk": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16",
                               seed=22, sparsify="randk:0.1", error_feedback=True, churn="up=0.4s,down=0.2s",
                               timeout=0.3),

@@ -80,6 +80,7 @@ def test_a_bad_operator_is_named(spec):
     (["--protocol", "dpsgd", "--sparsify", "top"], "--sparsify"),
     (["--protocol", "dfedavgm", "--error-feedback"], "--error-feedback"),
     (["--protocol", "dpsgd", "--sparsify", "sign", "--consensus-step", "0.5"], "--consensus-step"),
+    (["--protocol", "dfedavgm", "--sparsify", "q8", "--aggregate", "median"], "--aggregate"),
     (["--protocol", "dpsgd", "--sparsify", "sign", "--error-feedback", "--consensus-step", "1.5"], "--consensus-step"),
     (["--protocol", "powergossip", "--rank", "0"], "--rank"),
     (["--protocol", "powergossip", "--power-steps", "0"], "--power-steps"),
@@ -188,6 +189,23 @@ def test_deepsqueeze_beats_dcd_psgd_for_top_1_percent(claims, seed):
     assert claims["deepsqueeze", seed]["final"]["test_acc"] >= claims["dcd", seed]["final"]["test_acc"] + 0.15
 
 
+def test_deepsqueeze_sending_every_entry_with_a_whole_step_is_dpsgd(tmp_path):
+    """With Q = top-100% the error stays 0 and x_i <- v_i + sum_j w_ij (v_j - v_i): D-PSGD's mix of the trained
+    models, so the runs agree; DCD-PSGD with the same Q mixes the models before training, as Lian et al. write
+    D-PSGD, x_i <- sum_j w_ij x_j - lr g_i, and so differs from ours after the first round."""
+    base = ["--nodes", "6", "--rounds", "8", "--model", "mlp:hidden=16", "--seed", "4"]
+    _, exact, _ = _run(tmp_path / "dpsgd", *base, "--protocol", "dpsgd")
+    _, squeeze, _ = _run(tmp_path / "deepsqueeze", *base, "--protocol", "dpsgd", "--sparsify", "topk:1",
+                         "--error-feedback", "--consensus-step", "1")
+    _, dcd, _ = _run(tmp_path / "dcd", *base, "--protocol", "dpsgd", "--sparsify", "topk:1")
+    assert len(exact) == len(squeeze) == len(dcd) == 6 * 8
+    for a, b in zip(exact, squeeze):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+        assert b["consensus_distance"] == pytest.approx(a["consensus_distance"], rel=1e-3, abs=1e-6)
+    late = [(a, b) for a, b in zip(exact, dcd) if a["round"] > 0]
+    assert any(b["consensus_distance"] != pytest.approx(a["consensus_distance"], rel=1e-3) for a, b in late)
+
+
 def test_choco_without_compression_and_with_a_whole_step_is_dpsgd(tmp_path):
     base = ["--nodes", "6", "--rounds", "8", "--model", "mlp:hidden=16", "--seed", "4"]
     _, exact, _ = _run(tmp_path / "dpsgd", *base, "--protocol", "dpsgd")
@@ -249,6 +267,7 @@ def test_powergossip_at_full_rank_averages_a_pair_exactly(tmp_path):
     ["--protocol", "choco", "--compress-op", "topk:0.05", "--consensus-step", "0.1"],
     ["--protocol", "dpsgd", "--sparsify", "sign", "--error-feedback"],
     ["--protocol", "dfedavgm", "--sparsify", "randk:0.1", "--init", "independent"],
+    ["--protocol", "dpsgd", "--sparsify", "q8"],  # replicas from the common x0: whole only after a loss
     ["--protocol", "powergossip", "--power-steps", "2"],
 ])
 def test_under_churn_every_method_finishes_the_same_way_twice(flags, tmp_path):

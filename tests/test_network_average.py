@@ -23,10 +23,12 @@ SETTINGS = ["--dataset", "digits", "--partition", "iid", "--model", "mlp:hidden=
 
 
 def _means(tmp_path, monkeypatch, flags) -> list[torch.Tensor]:
-    """The mean of the nodes' models after each round, in a run with no local step."""
-    means = []
+    """The mean of the nodes' models at the start and after each round, in a run with no local step."""
+    initial, means = {}, []
 
     async def no_step(self, node, model, data, *args, **kwargs) -> float:
+        if node.round == 0:  # before any mixing: x0
+            initial[node.id] = flat(await self.state(node, model)).double()
         return 0.0
 
     def observe(self, rnd, snapshots):
@@ -36,7 +38,7 @@ def _means(tmp_path, monkeypatch, flags) -> list[torch.Tensor]:
     monkeypatch.setattr(LearningProtocol, "train", no_step)
     monkeypatch.setattr(LearningProtocol, "observe", observe)
     assert main([*SETTINGS, *flags, "--out", str(tmp_path / "run")]) == 0
-    return means
+    return [torch.stack(list(initial.values())).mean(0), *means]
 
 
 def _drift(means) -> float:
@@ -58,7 +60,7 @@ def _drift(means) -> float:
 ], ids=lambda flags: " ".join(flags[1:]))
 def test_mixing_keeps_the_network_average(tmp_path, monkeypatch, flags):
     means = _means(tmp_path, monkeypatch, flags)
-    assert len(means) == 4 and _drift(means) < 1e-6
+    assert len(means) == 5 and _drift(means) < 1e-6
 
 
 def test_dcd_psgd_with_a_biased_operator_moves_the_average(tmp_path, monkeypatch):
