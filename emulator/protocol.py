@@ -100,6 +100,10 @@ class Protocol:
         """
         return {}
 
+    def shared_summary(self, records: dict[str, list[dict]]) -> dict[str, Any]:
+        """Entries for summary.json that a family of protocols shares (its base class's), beside summary()'s."""
+        return {}
+
     def render(self, console, summary: dict[str, Any]) -> None:
         """Print anything worth seeing after the summary table (a rich Console), from summary.json's entries."""
 

@@ -220,8 +220,9 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
              wall: float, failures: list[str]) -> dict:
     totals = emulation.ledger.totals()
     availability = emulation.availability
-    extra = _guarded(failures, f"{config.protocol} summary", emulation.protocol.summary, emulation.recorder.streams,
-                     default={})
+    protocol, streams = emulation.protocol, emulation.recorder.streams
+    extra = {**_guarded(failures, f"{config.protocol} summary", protocol.shared_summary, streams, default={}),
+             **_guarded(failures, f"{config.protocol} summary", protocol.summary, streams, default={})}
     return {
         "protocol": config.protocol, "topology": topology_label(config, scenario),
         "nodes": emulation.network.num_nodes, "rounds": _rounds_run(config, rows), "seed": config.seed, "version": __version__,

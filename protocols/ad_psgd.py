@@ -80,7 +80,7 @@ import networkx as nx
 
 from emulator.errors import UsageError
 from emulator.protocol import register
-from p2p_emulator.workloads.training import descend, gradient, mix
+from p2p_emulator.workloads.training import descend, mix
 
 from .common import STATE, LearningProtocol, TimeoutOptions, TrainingOptions, check, expects, like, option_help
 
@@ -181,9 +181,7 @@ class ADPSGD(LearningProtocol):
         try:
             async for _ in node.rounds():
                 seen = ex.updates  # 1: x̂ is the model the gradient job starts on
-                grads, loss = await node.compute(gradient, model, data.train_x, data.train_y,  # 2
-                                                 batch_size=o.batch_size, weight_decay=o.weight_decay,
-                                                 generator=node.torch_generator, work=o.batch_size)
+                grads, loss = await self.stochastic_gradient(node, model, data)  # 2
                 if self.asks(node.id):
                     await self.exchange(node, model, ex, reply_check)  # 3
                 if buffers is None:  # 4

@@ -23,7 +23,9 @@ from topologies import neighbour_weight
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.task import (NodeTensors, Workload, WorkloadError, WorkloadOptions, check_options,
                                         option_help)
-from p2p_emulator.workloads.training import accuracy, flat, float_state, sgd
+from p2p_emulator.workloads.privacy import (ACCOUNTANT, Accountant, DPSpec, PrivacyError, dp_gradient, dp_sgd,
+                                           noise_for, sample_rate, spent, steps_per_call)
+from p2p_emulator.workloads.training import accuracy, flat, float_state, gradient, sgd
 
 torch = LazyModule("torch")
 
@@ -59,12 +61,16 @@ class TrainingOptions(WorkloadOptions, CheckedOptions):
     lr: float = field(default=0.05, metadata=option_help("learning rate"))
     weight_decay: float = field(default=5e-4, metadata=option_help("weight decay"))
     batch_size: int = field(default=32, metadata=option_help("local batch size"))
+    dp: str = field(default="", metadata=option_help(
+        "DP-SGD on each node's own samples: clip=C,noise=SIGMA[,delta=D] or clip=C,target_epsilon=E[,delta=D] "
+        "(Poisson sampling at rate batch-size/n; delta default 1/n, n the node's training samples)"))
 
     def validate(self):
         super().validate()
         try:
             check_options(self)
-        except WorkloadError as exc:
+            dp_spec(self)
+        except (WorkloadError, PrivacyError) as exc:
             raise UsageError(str(exc)) from None
         check("lr", self.lr, self.lr > 0, "must be positive")
         check("batch-size", self.batch_size, self.batch_size >= 1, "must be at least 1")
@@ -101,6 +107,12 @@ class MixingOptions(TimeoutOptions):
     def validate(self):
         super().validate()
         check("mixing", repr(self.mixing), self.mixing in ("mh", "uniform"), "choose mh or uniform")
+
+
+def dp_spec(options) -> DPSpec | None:
+    """--dp read, or None when it is off (or the protocol has no such option)."""
+    text = getattr(options, "dp", "")
+    return DPSpec.parse(text) if text else None
 
 
 AGGREGATES = ("mean", "median", "trimmed", "krum")
@@ -232,15 +244,49 @@ class LearningProtocol(Protocol):
     # Bytes of state per node in models' worth of parameters, from ./dev bench memory (cnn-small):
     # DFedAvgM 4.1, MAPL 3.0, L2C 7.2, meta-L2C 11, Local 1.0. A run that cannot fit is refused.
     state_copies = 4.0
+    # Why --dp is refused: what the protocol releases from private data that DP-SGD's steps do not cover.
+    dp_refused = ""
 
     def __init__(self, options, run_info, **workload):
         super().__init__(options, run_info)
+        self.dp = dp_spec(options)
+        if self.dp is not None and self.dp_refused:
+            raise UsageError(f"--dp: {self.name} {self.dp_refused}, which DP-SGD does not cover")
         try:
             self.workload = Workload(options, run_info, averaged_by=self.name if self.averages_models else None,
                                      **workload)
         except WorkloadError as exc:
             raise UsageError(str(exc)) from None
         self.check_memory()
+        if self.dp is not None:
+            self.check_dp()
+
+    def check_dp(self) -> None:
+        """Refuse what per-sample clipping cannot bound, and a target epsilon without a plan of the steps."""
+        model = self.initial_model(0)
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+            raise UsageError(f"--dp: --model {self.options.model} has BatchNorm, which mixes the samples of a "
+                             "batch, so clipping each sample's gradient does not bound its influence; "
+                             "use --norm group")
+        if self.dp.target_epsilon and self.run_info.duration:
+            raise UsageError("--dp target_epsilon: a run of --duration has no planned number of steps to "
+                             "spend it over; give noise=SIGMA")
+        for part in range(len(self.workload.archs)):
+            self.privacy_plan(part)  # a target no noise reaches fails now, in one line
+
+    def privacy_plan(self, part: int) -> dict:
+        """Data holder `part`'s DP-SGD: its sampling rate, delta and noise (solved for --dp target_epsilon over
+        --rounds trainings of the planned steps)."""
+        o, n = self.options, len(self.workload.partition.nodes[part].train)
+        rate, delta = sample_rate(n, o.batch_size), self.dp.delta or 1 / n
+        noise = self.dp.noise
+        if self.dp.target_epsilon:
+            steps = self.run_info.rounds * steps_per_call(n, o.batch_size, o.local_epochs, o.local_steps)
+            try:
+                noise = noise_for(self.dp.target_epsilon, rate, steps, delta)
+            except PrivacyError as exc:
+                raise UsageError(f"{exc} (node data part {part}: {steps} steps at sampling rate {rate:.3g})") from None
+        return {"rate": rate, "delta": delta, "noise": noise}
 
     def check_memory(self) -> None:
         """Refuse up front a run whose nodes' models cannot fit in this machine's memory, with the estimate.
@@ -263,6 +309,10 @@ class LearningProtocol(Protocol):
         """
         part = node.id if part is None else part
         model, data = node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
+        if self.dp is not None:
+            plan = self.privacy_plan(part)
+            data = replace(data, accountant=node.keep(Accountant(self.dp.clip, plan["noise"], plan["rate"],
+                                                                 plan["delta"])))
         node.score_with(test_scores, model, data.test_x, data.test_y)  # what --eval-every-seconds scores
         return model, data
 
@@ -285,11 +335,47 @@ class LearningProtocol(Protocol):
         o = self.options
         epochs = o.local_epochs if epochs is None else epochs
         samples = o.local_steps * o.batch_size if o.local_steps else epochs * len(data.train_y)
+        if self.dp is not None:
+            return await self.train_privately(node, model, data, job, epochs, work=samples * passes, **extra)
         loss, _ = await node.compute(
             job, model, data.train_x, data.train_y, epochs=epochs, steps=o.local_steps, lr=o.lr,
             momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
             generator=node.torch_generator, work=samples * passes, **extra)
         return loss
+
+    async def train_privately(self, node, model, data, job, epochs: int, work: float, **extra) -> float:
+        """train's DP-SGD: the steps, then the node's epsilon so far into its row (and privacy.jsonl)."""
+        if job is not sgd or data.accountant is None:
+            raise UsageError(f"--dp: {self.name} trains with {getattr(job, '__name__', job)}, "
+                             "which has no DP-SGD variant")
+        o = self.options
+        loss, _ = await node.compute(
+            dp_sgd, model, data.train_x, data.train_y, accountant=data.accountant, epochs=epochs,
+            steps=o.local_steps, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay,
+            batch_size=o.batch_size, generator=node.torch_generator, work=work, **extra)
+        await self.account(node, data)
+        return loss
+
+    async def stochastic_gradient(self, node, model, data) -> tuple[dict, float]:
+        """One minibatch's gradient at the model as it stands (training.gradient), or under --dp one
+        DP-SGD step's noisy gradient; charged --batch-size samples. ({name: gradient}, loss)."""
+        o = self.options
+        if self.dp is None:
+            return await node.compute(gradient, model, data.train_x, data.train_y, batch_size=o.batch_size,
+                                      weight_decay=o.weight_decay, generator=node.torch_generator,
+                                      work=o.batch_size)
+        out = await node.compute(dp_gradient, model, data.train_x, data.train_y, accountant=data.accountant,
+                                 batch_size=o.batch_size, weight_decay=o.weight_decay,
+                                 generator=node.torch_generator, work=o.batch_size)
+        await self.account(node, data)
+        return out
+
+    @staticmethod
+    async def account(node, data) -> None:
+        """The node's epsilon so far into its row, and its account into privacy.jsonl."""
+        account = await node.compute(spent, data.accountant, work=0)
+        node.log(epsilon=account["epsilon"])
+        node.record("privacy", **account)
 
     async def evaluate(self, node, model, data) -> dict[str, float]:
         """The scores in the rounds --eval-every picks (and the last), else {}."""
@@ -311,6 +397,16 @@ class LearningProtocol(Protocol):
         charged nothing (the run's horizon has passed; the summary's final metrics are each node's last row)."""
         if len(data.test_y):
             node.log(test_acc=await node.compute(accuracy, model, data.test_x, data.test_y, work=0))
+
+    def shared_summary(self, records) -> dict:
+        """Under --dp: each node's last epsilon, its delta and noise, and the accountant that computed them."""
+        if self.dp is None:
+            return {}
+        last = last_rows(records, "privacy")
+        by_node = {key: {str(node): row[key] for node, row in last.items()} for key in ("epsilon", "delta", "noise")}
+        return {"privacy": {"mechanism": "DP-SGD", "accountant": ACCOUNTANT, "sampling": "poisson",
+                            "clip": self.dp.clip, "epsilon_max": max(by_node["epsilon"].values(), default=0.0),
+                            **by_node}}
 
     @staticmethod
     async def state(node, module) -> dict:

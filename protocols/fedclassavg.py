@@ -203,6 +203,7 @@ def sample_weighted_mean(bodies: list[dict]) -> dict:
 @register("fedclassavg")
 class FedClassAvg(PersonalisedStar):
     """FedClassAvg: personal backbones, a classifier averaged by the server, SupCon on two views."""
+    dp_refused = "trains with a contrastive and proximal loss of its own"
     Options = FedClassAvgOptions
     checkpointable = True
     state_copies = 3.0  # the model, Adam's two moments during a round (as MAPL's PML)

@@ -199,6 +199,8 @@ class Carried:
 
 class Linked(LearningProtocol):
     """What fedlinked and fedlinked-p2p share: the public set, a node's learning in a round, the summary."""
+    dp_refused = ("trains with objectives of its own (distillation, fine-tuning) and sends "
+                  "representations of the public set")
     checkpointable = True
     Options = FedLinkedOptions
     state_copies = 3.0  # the model, the early-stopping best and the rollback best

@@ -186,6 +186,7 @@ class Layout:
 
 class Modular(LearningProtocol):
     """What fedmn and fedmn-p2p share: the network, the round's decision, training, the summary."""
+    dp_refused = "trains its router on private samples with a job of its own and sends the routing decisions"
     checkpointable = True
 
     @property

@@ -212,6 +212,8 @@ def prototype_check(num_classes: int, d_z: int):
 @register("fedproto")
 class FedProto(PersonalisedStar):
     """FedProto: personal models aligned by class prototypes that a server averages."""
+    dp_refused = ("sends class prototypes computed from its private samples and trains with a "
+                  "prototype loss of its own")
     Options = FedProtoOptions
     checkpointable = True
     state_copies = 1.0

@@ -144,6 +144,7 @@ class MixingLogits:
 @register("l2c")
 class L2C(LearningProtocol):
     """L2C: personal models mix neighbours' updates with weights learnt on a validation split; prunes at T0."""
+    dp_refused = "learns its mixing weights from its private validation split"
     Options = L2COptions
     averages_models = True
     state_copies = 7.2

@@ -265,6 +265,7 @@ def classifier_weight(model) -> torch.Tensor:
 @register("mapl")
 class MAPL(LearningProtocol):
     """MAPL: heterogeneous models aligned by shared prototypes, with a learned collaboration graph."""
+    dp_refused = "sends class prototypes and learns its collaboration graph from its private samples"
     Options = MapLOptions
     checkpointable = True
     state_copies = 3.0

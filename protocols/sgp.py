@@ -72,7 +72,7 @@ from emulator.compute import Resident
 from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.task import WorkloadOptions
-from p2p_emulator.workloads.training import gradient, mix
+from p2p_emulator.workloads.training import mix
 
 from .common import STATE, CheckedOptions, LearningProtocol, TrainingOptions, check, default, expects, like
 
@@ -87,6 +87,7 @@ class SGPOptions(WorkloadOptions, CheckedOptions):
     lr: float = default(TrainingOptions, "lr", 0.05)
     weight_decay: float = default(TrainingOptions, "weight_decay", 5e-4)
     batch_size: int = default(TrainingOptions, "batch_size", 32)
+    dp: str = default(TrainingOptions, "dp", "")
     sync: bool = field(default=False, metadata={"help": (
         "sgp: synchronous SGP: each step waits (at most --timeout) for its in-neighbours' shares of that step "
         "(default: asynchronous, AGP: mix what has arrived, never wait)")})
@@ -98,7 +99,7 @@ class SGPOptions(WorkloadOptions, CheckedOptions):
 
     def validate(self):
         super().validate()
-        shared = ("lr", "weight_decay", "batch_size", *(f.name for f in fields(WorkloadOptions)))
+        shared = ("lr", "weight_decay", "batch_size", "dp", *(f.name for f in fields(WorkloadOptions)))
         TrainingOptions(**{name: getattr(self, name) for name in shared}).validate()  # the same checks
         check("timeout", self.timeout, self.timeout > 0, "must be positive")
         check("eval-every", self.eval_every, self.eval_every == 1,
@@ -142,9 +143,7 @@ class SGP(LearningProtocol):
         valid = expects(**{STATE: like(await self.state(node, model)), WEIGHT: positive})
         async for step in node.rounds():
             carried.starts.append(node.now())
-            grads, loss = await node.compute(  # 1
-                gradient, model, data.train_x, data.train_y, batch_size=o.batch_size,
-                weight_decay=o.weight_decay, generator=node.torch_generator, work=o.batch_size)
+            grads, loss = await self.stochastic_gradient(node, model, data)  # 1
             if not o.average_only:  # 2, on z: x - lr g = w (z - lr/w g)
                 await node.compute(descend, model, grads, o.lr / carried.w if carried.w else math.inf, work=0)
             share = 1 / (len(node.neighbours) + 1)  # 3

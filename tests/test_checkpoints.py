@@ -67,6 +67,8 @@ RUNS = {
                               timeout=0.3),
     "dcd-psgd-q8": dict(protocol="dpsgd", topology="ring", nodes=8, rounds=6, model="mlp:hidden=16", seed=27,
                         sparsify="q8", churn="up=0.4s,down=0.2s", timeout=0.3),  # replicas repaired whole
+    "dfedavgm-dp": dict(protocol="dfedavgm", topology="ring", nodes=6, rounds=5, model="mlp:hidden=16", seed=29,
+                        dp="clip=1,noise=0.8"),  # each node's accountant: its steps come back with the checkpoint
     "powergossip": dict(protocol="powergossip", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16",
                         seed=23, power_steps=2, rank=2, loss="0.15", timeout=0.5),
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,

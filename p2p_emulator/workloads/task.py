@@ -71,6 +71,7 @@ class NodeTensors:
     classes: list[int]
     rollback_x: torch.Tensor | None = None
     rollback_y: torch.Tensor | None = None
+    accountant: object = None  # under --dp: the handle of the node's privacy accountant (LearningProtocol.hold)
 
 
 class Workload:
