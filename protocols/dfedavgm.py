@@ -32,6 +32,9 @@ step; a neighbour not heard gives its weight back to i; a replica that missed an
 repaired whole; BatchNorm's running statistics travel (the reference sends the parameters only).
 Unset, --consensus-step follows the operator (compression.CONSENSUS_STEPS, tuned on a
 held-out seed); config.yaml records the value used.
+
+With --secure-aggregation secagg, steps 2-3 are protocols/secure_mixing.py's: each node is the SecAgg
+server of its neighbourhood and learns sum_j w_ij x_j, not its neighbours' models.
 """
 from __future__ import annotations
 
@@ -45,6 +48,8 @@ from p2p_emulator.workloads.training import aggregate, load_state, mix, shift
 
 from .common import DEGREE, STATE, LearningProtocol, RobustMixingOptions, SGDOptions, check, expects, like, own_row
 from .compression import CONSENSUS_STEPS, Operator, PublicCopies, copied, on_host, weighted_differences
+from .secagg import SecureAggregationOptions, secure
+from .secure_mixing import SecureMixing, check_neighbourhoods
 
 
 @dataclass
@@ -82,6 +87,19 @@ class DFedAvgMOptions(RobustMixingOptions, SGDOptions):
 
 
 @dataclass
+class SecureDFedAvgMOptions(SecureAggregationOptions, DFedAvgMOptions):
+    """DFedAvgM's options with secure aggregation's (D-PSGD extends DFedAvgMOptions, without them)."""
+
+    def validate(self):
+        super().validate()
+        if self.secure_aggregation == "secagg+":
+            raise UsageError("--secure-aggregation secagg+: dfedavgm has secagg only (a neighbourhood is the cohort)")
+        if self.secure_aggregation != "none" and (self.sparsify != "none" or self.robust_rule[0] != "mean"):
+            raise UsageError(f"--secure-aggregation {self.secure_aggregation}: not with --sparsify or --aggregate "
+                             f"{self.aggregate} (it mixes by the weights, exactly)")
+
+
+@dataclass
 class Carried:
     """What a node carries from round to round: x_i (the momentum buffer starts fresh each round);
     DCD-PSGD's replicas x̂ and the neighbours heard at the last exchange, or DeepSqueeze's error e_i."""
@@ -94,9 +112,15 @@ class Carried:
 @register("dfedavgm")
 class DFedAvgM(LearningProtocol):
     """DFedAvgM: local momentum SGD, then Metropolis-Hastings model averaging."""
-    Options = DFedAvgMOptions
+    Options = SecureDFedAvgMOptions
     averages_models = True
     checkpointable = True
+
+    def __init__(self, options, run_info):
+        if secure(options):
+            check_neighbourhoods(run_info.graph, options)
+        super().__init__(options, run_info)
+        self.secure_mixing = SecureMixing(options) if secure(options) else None
 
     async def run(self, node):
         model, data = self.hold(node)
@@ -130,6 +154,8 @@ class DFedAvgM(LearningProtocol):
     async def average(self, node, model, carried: Carried, valid=None) -> int:
         """Steps 2-3; returns how many neighbours were heard. Their models go with this call, once mixed.
         valid: with --sparsify, the check of what the neighbours send."""
+        if self.secure_mixing is not None:
+            return await self.secure_mixing.mix(node, model, await self.state(node, model))
         if carried.copies is not None:
             return await self.dcd_psgd(node, model, carried, valid)
         if carried.error is not None:

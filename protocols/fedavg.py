@@ -10,6 +10,8 @@ Unsampled clients get an empty message, so every client follows the server's rou
 The server holds no data: the partition has one part per client. Under --test-set global the
 server scores x; under --test-set local each sampled client scores the x it received on its own
 test split, before training on it.
+With --secure-aggregation secagg or secagg+, steps 2 and 3 are protocols/secagg.py's: the server
+learns only the sum of the sampled clients' weighted updates.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from p2p_emulator.workloads.training import load_state, mix
 
 from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
                      positive_int, entry_count, test_scores)
+from .secagg import Plan, SecureAggregationOptions, SecureClient, SecureServer, secure
 
 
 @dataclass
@@ -39,6 +42,11 @@ class FedAvgOptions(TimeoutOptions, SGDOptions):
             raise UsageError(f"--clients-per-round {self.clients_per_round}: must not be negative (0: all clients)")
         if self.init != "common":
             raise UsageError(f"--init {self.init}: fedavg has one global model; use --init common")
+
+
+@dataclass
+class SecureFedAvgOptions(SecureAggregationOptions, FedAvgOptions):
+    """FedAvg's options with secure aggregation's (FedMN extends FedAvgOptions, without them)."""
 
 
 def star(graph, protocol: str) -> tuple[int, list[int]]:
@@ -101,16 +109,25 @@ class ServerAndClients(LearningProtocol):
 @register("fedavg")
 class FedAvg(ServerAndClients):
     """FedAvg: a server averages the models its sampled clients trained, weighted by their samples."""
-    Options = FedAvgOptions
+    Options = SecureFedAvgOptions
     checkpointable = True
+
+    def __init__(self, options, run_info):
+        super().__init__(options, run_info)
+        self.secure = secure(options)
+        if self.secure:
+            self.secure_server = SecureServer(options)
+            self.secure_client = SecureClient(options, self.server, self.clients)
 
     def check_clients(self, options):
         if options.clients_per_round > len(self.clients):
             raise UsageError(f"--clients-per-round {options.clients_per_round}: there are only "
                              f"{len(self.clients)} clients (node {self.server} is the server)")
+        if secure(options):
+            n = options.clients_per_round or len(self.clients)
+            Plan.of(options, n).check(f"--clients-per-round {n}" if options.clients_per_round else f"{n} clients")
 
     async def _serve(self, node):
-        o = self.options
         model = node.keep(self.workload.model(0))  # the common start x0
         test = self._global_test(node) if self.workload.test_set == "global" else None
         if test is not None:
@@ -125,11 +142,19 @@ class FedAvg(ServerAndClients):
             # unsampled one ends its round now instead of waiting out the silence, which then means
             # only that the server is down.
             node.broadcast("model", None, to=[c for c in reachable if c not in sampled])
-            updates = await node.gather("update", peers=sampled, timeout=o.timeout,
-                                        valid=expects(**{STATE: state, "samples": positive_int}))
-            await node.compute(average, model, [(m.body["samples"], m.body[STATE]) for m in updates.values()], work=0)
+            if self.secure:
+                heard = await self.secure_server.round(node, model, state, sampled)
+            else:
+                heard = await self._average_updates(node, model, state, sampled)
             scores = await self.evaluate(node, model, test) if test is not None else {}
-            node.log(heard_from=len(updates), params_sent=entry_count(state) * len(sampled), **scores)
+            node.log(**heard, params_sent=entry_count(state) * len(sampled), **scores)
+
+    async def _average_updates(self, node, model, state, sampled) -> dict:
+        """Plain FedAvg's steps 2 and 3 on the server: the sampled clients' models, averaged."""
+        updates = await node.gather("update", peers=sampled, timeout=self.options.timeout,
+                                    valid=expects(**{STATE: state, "samples": positive_int}))
+        await node.compute(average, model, [(m.body["samples"], m.body[STATE]) for m in updates.values()], work=0)
+        return {"heard_from": len(updates)}
 
     def _sample(self, node, reachable: list[int]) -> list[int]:
         k = self.options.clients_per_round
@@ -150,6 +175,10 @@ class FedAvg(ServerAndClients):
                 continue  # the server fell silent; or it is rounds ahead (skip to its round); or not sampled
             await node.compute(load_state, model, message.body[STATE], work=0)
             scores = await self.evaluate(node, model, data) if self.workload.test_set == "local" else {}
+            if self.secure:
+                node.log(**await self.secure_client.round(node, self, model, data, message.body[STATE],
+                                                          self._phase_message), **scores)
+                continue
             loss = await self.train(node, model, data)
             sent = {}
             if self.server in node.neighbours:
@@ -168,6 +197,14 @@ class FedAvg(ServerAndClients):
         valid = lambda body: body is None or model_body(body)  # noqa: E731 - None: not sampled this round
         return await from_server(node, "model", valid, 2 * self.options.timeout)
 
+    async def _phase_message(self, node, kind: str, valid):
+        """The server's next secure-aggregation message of this round; None if it gave up on the round (an
+        empty body), moved on, or fell silent."""
+        message = await from_server(node, kind, lambda body: body is None or valid(body), 2 * self.options.timeout)
+        return message if message is not None and message.round == node.round and message.body is not None else None
 
     def summary(self, records):
-        return {"server": self.server}
+        if not self.secure:
+            return {"server": self.server}
+        outcomes = [row["outcome"] for row in records.get("secagg", [])]
+        return {"server": self.server, "secagg_rounds_failed": outcomes.count("failed")}

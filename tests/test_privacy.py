@@ -143,6 +143,7 @@ def test_the_batched_executor_runs_dp_sgd_with_the_thread_executors_results(tmp_
     (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=-1,noise=1"], "clip must be positive"),
     (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=1,noise=1,gamma=2"], "expected clip=C"),
     (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=1,noise=nan"], "noise must be finite"),
+    (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=1,noise=1,delta=0"], "delta must be in (0, 1)"),
     (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=1,target_epsilon=1e-4,delta=1e-5"], "budget is too low"),
     (["--protocol", "fedavg", "--topology", "star", "--model", "cnn-small", "--dp", "clip=1,noise=1"],
      "use --norm group"),

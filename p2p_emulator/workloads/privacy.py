@@ -37,7 +37,7 @@ class PrivacyError(ValueError):
 
 @dataclass(frozen=True)
 class DPSpec:
-    """--dp clip=C,noise=SIGMA[,delta=D] or clip=C,target_epsilon=E[,delta=D]. delta 0: 1/n per node."""
+    """--dp clip=C,noise=SIGMA[,delta=D] or clip=C,target_epsilon=E[,delta=D]; delta 0 here: 1/n per node."""
     clip: float
     noise: float = 0.0
     target_epsilon: float = 0.0
@@ -65,7 +65,8 @@ class DPSpec:
                               "must be positive (without noise there is no privacy: leave --dp off)"),
                              ("target_epsilon", "target_epsilon" not in values or spec.target_epsilon > 0,
                               "must be positive"),
-                             ("delta", 0 <= spec.delta < 1, "must be in (0, 1); leave it out for 1/n")):
+                             ("delta", "delta" not in values or 0 < spec.delta < 1,
+                              "must be in (0, 1); leave it out for 1/n")):
             if not ok:
                 raise PrivacyError(f"--dp {text}: {key} {why}")
         return spec
