@@ -22,7 +22,8 @@ A phase below t, or a secret with fewer than t shares, fails the round: the reas
 secagg.jsonl, x stays, the run goes on. Bodies failing their checks are dropped as invalid on the
 ledger; a sealed share failing authentication is refused and counted in secagg_refused.
 
-Departures from the papers:
+Departures from Flower's SecAgg+ (its key agreement, cipher, Shamir, PRG and quantisation): the
+table in docs/secure-aggregation.md. Departures from the papers:
 - semi-honest only: no signing keys, no PKI, no consistency-check round (Bonawitz's round 3);
 - secrets are drawn from the run's seed stream, so that a seed gives the same run (a deployment draws
   them from os.urandom); a pair's AES-GCM key is new each round and serves both directions, so each
@@ -51,7 +52,7 @@ from emulator.errors import UsageError
 from p2p_emulator.workloads.task import option_help
 
 from . import secagg_crypto as crypto
-from .common import CheckedOptions, check, entry_count, expects
+from .common import CheckedOptions, check, entry_count, expects, node_ids
 
 KEYS, SHARES, MASKED, UNMASK = "secagg.keys", "secagg.shares", "secagg.masked", "secagg.unmask"
 MODES = ("none", "secagg", "secagg+")
@@ -372,14 +373,10 @@ class SecureClient:
         return held, {u: peers[u][1] for u in relayed}, refused
 
     async def _unmask(self, node, held: dict, next_message) -> None:
-        message = await next_message(node, UNMASK, expects(round=this_round(node), survivors=id_list(node.num_nodes)))
+        message = await next_message(node, UNMASK, expects(round=this_round(node), survivors=node_ids(node.num_nodes)))
         if message is not None:
             survivors = set(message.body["survivors"])
             node.send(self.server, UNMASK, {"round": node.round, **reveal(held, survivors, node.id)})
-
-
-def id_list(num_nodes: int):
-    return lambda v: isinstance(v, list) and all(type(j) is int and 0 <= j < num_nodes for j in v)
 
 
 def reveal(held: dict[int, bytes], survivors: set[int], me: int) -> dict[str, dict[int, bytes]]:

@@ -23,8 +23,8 @@ from emulator.errors import UsageError
 from topologies import neighbour_weight
 
 from . import secagg_crypto as crypto
-from .common import entry_count, expects, positive_int
-from .secagg import (Failed, dropping, id_list, id_map, key_pair_list, masked_body, public_key, recover_sum,
+from .common import entry_count, expects, node_ids, positive_int
+from .secagg import (Failed, dropping, id_map, key_pair_list, masked_body, public_key, recover_sum,
                      reveal, sealed, shares_body, this_round, unmask_body)
 
 KEYS, KEY_LIST = "secagg.keys", "secagg.keys.list"  # to the aggregator, back to the contributors
@@ -176,7 +176,7 @@ class SecureMixing:
 
     async def _reveal(self, node, parts: dict[int, Part]) -> None:
         """Phase 4: to each aggregator that asks, the shares of its survivors' b and its dropped members' s."""
-        body = expects(round=this_round(node), survivors=id_list(node.num_nodes))
+        body = expects(round=this_round(node), survivors=node_ids(node.num_nodes))
         requests = await self._gather(node, SURVIVORS, parts, lambda b: b is None or body(b), slack=2)
         for i, message in requests.items():
             if message.body is not None:

@@ -152,43 +152,45 @@ def spent(accountant: Accountant) -> dict[str, float]:
             "delta": accountant.delta, "noise": accountant.noise}
 
 
+def private_gradient(model, x, y, accountant: Accountant, batch_size: int, generator: torch.Generator,
+                     params: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One DP-SGD step's gradient over `params` ({name: parameter}), counted by the node's accountant: a Poisson
+    batch, each sample's gradient clipped, the noisy mean. (gradient by name, the batch's per-sample losses)."""
+    idx = (torch.rand(len(y), generator=generator) < accountant.rate).nonzero().flatten().to(y.device)
+    clipped, losses = clipped_gradients(model, x[idx], y[idx], accountant.clip, list(params))
+    accountant.steps += 1
+    return noisy_mean(clipped, accountant.noise, accountant.clip, batch_size, generator, params), losses
+
+
 def dp_sgd(model, x, y, *, accountant: Accountant, epochs: int, steps: int, lr: float, momentum: float,
            weight_decay: float, batch_size: int, generator: torch.Generator, parameters=None,
            carried: HeavyBall | None = None) -> tuple[float, int]:
     """training.sgd with DP-SGD's steps (see the module docstring), counted by the node's accountant:
     (mean loss of the sampled batches, samples seen). Takes sgd's arguments, less forward and objective."""
-    clip, noise = accountant.clip, accountant.noise
-    trained = list(model.parameters()) if parameters is None else list(parameters)
-    names = [name for name, p in model.named_parameters() if any(p is t for t in trained) and p.requires_grad]
-    named = dict(model.named_parameters())
+    trained = {id(t) for t in (model.parameters() if parameters is None else parameters)}
+    params = {name: p for name, p in model.named_parameters() if id(p) in trained and p.requires_grad}
     optimizer = carried.optimizer if carried is not None else torch.optim.SGD(
-        [named[name] for name in names], lr=lr, momentum=momentum, weight_decay=weight_decay)
+        params.values(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     model.train()
-    rate, total, seen = accountant.rate, 0.0, 0
+    total, seen = 0.0, 0
     for _ in range(steps_per_call(len(y), batch_size, epochs, steps)):
-        idx = (torch.rand(len(y), generator=generator) < rate).nonzero().flatten().to(y.device)
-        clipped, losses = clipped_gradients(model, x[idx], y[idx], clip, names)
-        gradient = noisy_mean(clipped, noise, clip, batch_size, generator, {n: named[n] for n in names})
+        gradient, losses = private_gradient(model, x, y, accountant, batch_size, generator, params)
         optimizer.zero_grad(set_to_none=True)
         for name, g in gradient.items():
-            named[name].grad = g
+            params[name].grad = g
         optimizer.step()
-        accountant.steps += 1
-        total, seen = total + losses.sum().item(), seen + len(idx)
+        total, seen = total + losses.sum().item(), seen + len(losses)
     model.zero_grad(set_to_none=True)
     return total / max(seen, 1), seen
 
 
 def dp_gradient(model, x, y, *, accountant: Accountant, batch_size: int, weight_decay: float,
                 generator: torch.Generator) -> tuple[dict[str, torch.Tensor], float]:
-    """training.gradient as one DP-SGD step, counted by the node's accountant: the noisy mean of one Poisson
-    batch's clipped gradients, weight decay added (post-processing); ({name: gradient}, mean loss)."""
+    """training.gradient as one DP-SGD step, counted by the node's accountant, weight decay added
+    (post-processing): ({name: gradient}, mean loss)."""
     model.train()
-    named = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    idx = (torch.rand(len(y), generator=generator) < accountant.rate).nonzero().flatten().to(y.device)
-    clipped, losses = clipped_gradients(model, x[idx], y[idx], accountant.clip, list(named))
-    grads = noisy_mean(clipped, accountant.noise, accountant.clip, batch_size, generator, named)
-    accountant.steps += 1
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    grads, losses = private_gradient(model, x, y, accountant, batch_size, generator, params)
     with torch.no_grad():
-        out = {name: g + weight_decay * named[name] if weight_decay else g for name, g in grads.items()}
-    return out, losses.mean().item() if len(idx) else float("nan")
+        out = {name: g + weight_decay * params[name] if weight_decay else g for name, g in grads.items()}
+    return out, losses.mean().item() if len(losses) else float("nan")
