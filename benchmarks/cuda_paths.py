@@ -1,7 +1,8 @@
 """The CUDA paths, on a machine with a GPU: --device cuda (thread executor, one GPU worker), the batched
-executor on the GPU, and DP-SGD's per-sample gradients there, each against the same run on the CPU.
+executor on the GPU, and DP-SGD's per-sample gradients there, each against the same run on the CPU; and
+LEAF's full char-LSTM on the fortunes text (natural partition), where a GPU should pay.
 
-    ./dev bench cuda_paths [--out DIR]
+    ./dev bench cuda_paths [--out DIR] [--only WORD] [--fortunes DIR]
 
 Each run is its own `emulate` process. The table gives each run's wall time (summary.json's
 wall_seconds), final mean test accuracy and bytes sent, and whether its traffic (links.csv) is
@@ -36,6 +37,16 @@ CASES = {  # name: (arguments, the CPU twin's name)
     "mapl default cpu": (["--rounds", "10"], None),
     "mapl default cuda": (["--rounds", "5", "--device", "cuda"], "mapl default cpu"),
 }
+# The study of experiments/natural_fortunes.yaml (FedAvg row) with LEAF's full 256-unit char-LSTM, 6 rounds.
+CHAR_LSTM = ["--protocol", "fedavg", "--topology", "star", "--nodes", "21", "--dataset", "fortunes",
+             "--partition", "natural:nodes=20,samples=150,test=50", "--model", "char-lstm", "--rounds", "6",
+             "--local-epochs", "2", "--batch-size", "10", "--lr", "0.5", "--momentum", "0.9", "--local-steps", "0"]
+TEXT_CASES = {
+    "fedavg char-lstm cpu thread": (CHAR_LSTM, None),
+    "fedavg char-lstm cuda thread": ([*CHAR_LSTM, "--device", "cuda"], "fedavg char-lstm cpu thread"),
+    "fedavg char-lstm cuda batched": ([*CHAR_LSTM, "--device", "cuda", "--executor", "batched"],
+                                      "fedavg char-lstm cpu thread"),
+}
 
 
 def emulate(out: Path, args: list[str]) -> dict:
@@ -49,10 +60,16 @@ def emulate(out: Path, args: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="", help="keep the run directories here (default: a temporary one)")
+    parser.add_argument("--only", default="", help="run only the cases whose name holds this word")
+    parser.add_argument("--fortunes", default="", help="the fortunes folder, where the Debian package is missing")
     args = parser.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="cuda_paths-"))
     table = Table("run", "wall s", "test_acc", "bytes", "links.csv as on the CPU", title="CUDA paths")
-    for name, (case, twin) in CASES.items():
+    text_root = ["--data-root", args.fortunes] if args.fortunes else []
+    cases = {**CASES, **{name: ([*case, *text_root], twin) for name, (case, twin) in TEXT_CASES.items()}}
+    for name, (case, twin) in cases.items():
+        if args.only not in name:
+            continue
         out = root / name.replace(" ", "_")
         summary = emulate(out, case)
         if "error" in summary:

@@ -16,7 +16,8 @@ On the star of protocols/personalised.py, round r:
   client k: keeps phi_g for the next round and scores theta_k with its OWN phi_k (the one it just
             trained, as the reference evaluates) on its own test split.
 The classifier is ReLU, then Linear(d_z, K) without bias (K x d_z floats, the MAPL paper's phi), so
-every backbone needs the same --d-z. Defaults: --tau 100, --base-tau 0.07 (a contrastive weight of
+every backbone needs the same --d-z (char-lstm's and leaf-cnn's classifiers have a bias, sent and
+averaged with the weight). Defaults: --tau 100, --base-tau 0.07 (a contrastive weight of
 1429), --mu 0.1, Adam beta1 0.5, no weight decay, as the reference; lr, batch and crops CPU-sized, below.
 
 The MAPL paper (appendix C.2): "FedClassAvg implicitly aligns the clients using the classifier layer.
@@ -56,6 +57,9 @@ update rule by update rule:
   and grayscale on RGB only, so on the grayscale datasets theirs also jitters brightness and contrast
   (its saturation, hue and grayscale do nothing to a one-channel image) and this does not. Views are
   drawn in 0..1 units and standardised with the dataset's own mean and std (--normalize standard).
+  Token ids (--model char-lstm) and feature vectors have no augmentation: as MAPL here, both views
+  are the samples themselves (SupCon then contrasts samples with their labels, each sample's other
+  view a positive identical to it); with char-lstm --normalize is free.
 - round 0: theirs first trains every client once with no global classifier and sends nothing
   ("pretrain"), then round 1 loads the server's UNTRAINED classifier (a fresh model's, never
   updated by the pretraining) into every client. Here round 0 is that pretraining round, and its
@@ -85,6 +89,7 @@ from dataclasses import dataclass, field
 
 from emulator.errors import UsageError
 from emulator.protocol import register
+from p2p_emulator.workloads import model_specs
 from p2p_emulator.workloads.lazy import LazyModule
 
 from .common import TrainingOptions, check, default, expects, option_help, positive_int
@@ -93,6 +98,7 @@ from .personalised import PersonalisedOptions, PersonalisedStar
 
 torch = LazyModule("torch")
 augment = LazyModule("p2p_emulator.workloads.augment")
+pml = LazyModule("p2p_emulator.workloads.prototypes")  # the two views, as MAPL's
 training = LazyModule("p2p_emulator.workloads.training")
 
 ADAM_BETA2 = 0.999  # the reference's
@@ -120,8 +126,10 @@ class FedClassAvgOptions(PersonalisedOptions):
         check("mu", self.mu, math.isfinite(self.mu) and self.mu >= 0, "must not be negative")
         check("adam-beta1", self.adam_beta1, 0 <= self.adam_beta1 < 1, "must be in [0, 1)")
         check("crop-scale", self.crop_scale, 0 < self.crop_scale <= 1, "must be in (0, 1]")
-        if self.normalize != "standard":  # the two views un-standardise, augment in 0..1, standardise again
-            raise UsageError(f"--normalize {self.normalize}: FedClassAvg's augmentation needs --normalize standard")
+        # Images' views un-standardise, augment in 0..1 and standardise again; token ids are never normalised.
+        if self.normalize != "standard" and model_specs.reads_images(self.model):
+            raise UsageError(f"--normalize {self.normalize}: FedClassAvg's augmentation of images needs "
+                             "--normalize standard")
 
 
 # ---------------------------------------------------------------- the local loss
@@ -157,25 +165,25 @@ def batch_loss(model, z: torch.Tensor, labels: torch.Tensor, initial: dict, *, t
 
 
 def local_training(model, x: torch.Tensor, y: torch.Tensor, shared: dict | None,
-                   stats: tuple[torch.Tensor, torch.Tensor], *, epochs: int, batch_size: int, lr: float, beta1: float,
-                   weight_decay: float, tau: float, base_tau: float, mu: float, crop_scale: float,
+                   stats: tuple[torch.Tensor, torch.Tensor] | None, *, epochs: int, batch_size: int, lr: float,
+                   beta1: float, weight_decay: float, tau: float, base_tau: float, mu: float, crop_scale: float,
                    generator: torch.Generator) -> float:
     """A FedClassAvg client's round (a job): load the global classifier (if any), then E epochs of Adam on
     batch_loss over two views of each sample; returns the mean loss per sample. Trains `model` in place.
 
-    x is standardised, on the model's device; the views are drawn on the CPU in 0..1 units, as MAPL's.
+    x is standardised images, on the model's device, their views drawn as MAPL's (prototypes.two_views); or
+    token ids or features, with stats None, both of whose views are the samples themselves.
     """
     if shared is not None:
         training.load_state(model.classifier, shared[HEAD])
     initial = {name: p.detach().clone() for name, p in model.classifier.named_parameters()}
-    views = augment.TwoViews(tuple(x.shape[1:]), generator, scale=(crop_scale, 1.0))
-    mean, std = stats
+    views = None if stats is None else augment.TwoViews(tuple(x.shape[1:]), generator, scale=(crop_scale, 1.0))
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(beta1, ADAM_BETA2), weight_decay=weight_decay)
     model.train()
     total, seen = 0.0, 0
     for _ in range(epochs):
         for idx in training.full_batches(len(y), batch_size, generator):
-            both = ((torch.cat(views(x[idx].cpu() * std + mean)) - mean) / std).to(x.device)
+            both = pml.two_views(x[idx], views, stats)
             loss = batch_loss(model, model.features(both), y[idx], initial, tau=tau, base_tau=base_tau, mu=mu)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -210,8 +218,7 @@ class FedClassAvg(PersonalisedStar):
 
     def __init__(self, options, run_info):
         super().__init__(options, run_info)
-        ds = self.workload.dataset
-        self.stats = (torch.tensor(ds.mean).view(-1, 1, 1), torch.tensor(ds.std).view(-1, 1, 1))
+        self.stats = pml.view_stats(self.workload.dataset)
 
     async def local_round(self, node, model, data, shared):
         o = self.options

@@ -197,7 +197,7 @@ class Modular(LearningProtocol):
         o, dataset = self.options, self.workload.dataset
         network = modular.build_modular(o.model, self.widths, dataset.shape, dataset.num_classes,
                                         d_z=o.d_z, norm=o.norm, dropout=o.dropout,
-                                        init_seed=self.workload.init_seed(part))
+                                        init_seed=self.workload.init_seed(part), vocabulary=dataset.vocabulary)
         return network.to(self.workload.device)
 
     def routed(self, rnd: int) -> bool:

@@ -5,6 +5,10 @@ g_phi (ReLU, then a bias-free Linear d_z -> K) and K learnable prototypes xi_i
 (K x d_p). Round t, node i (Algorithm 3):
   1. PML (Algorithm 1): E epochs of Adam over two augmented views of each sample
      on l_ce + l_cont + l_proto + l_uni (backbone, head, classifier and xi_i).
+     Images only: token ids (--model char-lstm) and feature vectors have no augmentation, so
+     there both views are the samples themselves (a departure: the paper is about images). With
+     char-lstm --normalize is free, the projection head reads the LSTM's last state (z), and the
+     classifier (no ReLU, a bias) sends only its K x d_z weight: the bias stays local.
   2. Send xi_i to the neighbours it still talks to; from T_thr on also the
      classifier weight Phi_i (K x d_z); in round 0 also its sample count n_i.
   3. CGL (Algorithm 2), from T_thr on: c_ij = cos(d_i - mean d_i, d_j - mean d_j), d_i[k] =
@@ -45,6 +49,7 @@ from rich.table import Table
 from emulator.compute import Resident
 from emulator.errors import UsageError
 from emulator.protocol import register
+from p2p_emulator.workloads import model_specs
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import mix
 
@@ -120,8 +125,10 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
             raise UsageError(f"--zero-weight {self.zero_weight}: must be in [0, 1)")
         if not 0 <= self.adam_beta1 < 1:
             raise UsageError(f"--adam-beta1 {self.adam_beta1}: must be in [0, 1)")
-        if self.normalize != "standard":  # the two views un-standardise, augment in 0..1, standardise again
-            raise UsageError(f"--normalize {self.normalize}: MAPL's augmentation needs --normalize standard")
+        # Images' views un-standardise, augment in 0..1 and standardise again; token ids are never normalised.
+        if self.normalize != "standard" and model_specs.reads_images(self.model):
+            raise UsageError(f"--normalize {self.normalize}: MAPL's augmentation of images needs "
+                             "--normalize standard")
         if min(self.d_p, self.projection_hidden) < 1:
             raise UsageError("--d-p and --projection-hidden must be at least 1")
 
@@ -275,16 +282,16 @@ class MAPL(LearningProtocol):
         super().__init__(options, run_info, projection=(options.d_p, options.projection_hidden))
         self.t_thr = options.t_thr if options.t_thr >= 0 else run_info.rounds // 4
         self.clusters = self.workload.clusters if None not in self.workload.clusters else None
-        ds = self.workload.dataset
-        self.stats = (torch.tensor(ds.mean).view(-1, 1, 1), torch.tensor(ds.std).view(-1, 1, 1))
+        self.stats = pml.view_stats(self.workload.dataset)
 
     async def run(self, node):
         o = self.options
         model, data = self.hold(node)
         prototypes = await node.compute(pml.initial_prototypes, self.workload.num_classes, o.d_p,
                                         node.torch_generator, work=0)
-        views = await node.compute(augment.TwoViews, self.workload.dataset.shape, node.torch_generator,
-                                   scale=(o.crop_scale, 1.0), work=0, keep=True)
+        views = None if self.stats is None else await node.compute(
+            augment.TwoViews, self.workload.dataset.shape, node.torch_generator, scale=(o.crop_scale, 1.0),
+            work=0, keep=True)
         neighbours = list(node.neighbours)
         valid = await self.expected(node, model, prototypes)
         state = node.carry(Carried(model, prototypes, CollaborationRow(node.id, neighbours, len(data.train_y))))

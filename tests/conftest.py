@@ -142,3 +142,27 @@ def assert_refused(capsys, argv: list[str], named: str, out) -> None:
 @pytest.fixture
 def two_nodes() -> nx.Graph:
     return nx.path_graph(2)
+
+
+_TOPICS = {
+    "cats": "The cat sat on the mat and looked at the moon. A cat will always land on its feet.",
+    "code": "Programs must be written for people to read, and only incidentally for machines to run.",
+    "food": "An apple a day keeps the doctor away, but an onion a day keeps everyone away.",
+    "sea": "The sea is calm tonight. The tide is full, the moon lies fair upon the straits.",
+}
+
+
+def write_fortunes(root, repeats: int = 12):
+    """A directory in the Debian fortunes layout (topic files of `%`-separated fortunes, each with a
+    .dat index) holding a few short English topics, for runs that must not depend on the package."""
+    root.mkdir(parents=True, exist_ok=True)
+    for topic, sentence in _TOPICS.items():
+        (root / topic).write_text("\n%\n".join([sentence] * repeats) + "\n%\n", encoding="utf-8")
+        (root / f"{topic}.dat").write_bytes(b"\0" * 24)  # strfile's index: only its presence matters here
+    return root
+
+
+@pytest.fixture(scope="session")
+def fortunes_root(tmp_path_factory):
+    """`write_fortunes` in a session-wide folder: four topics, so four owners for --partition natural."""
+    return write_fortunes(tmp_path_factory.mktemp("fortunes"))

@@ -47,7 +47,7 @@ def _refuse(args: list[str], cwd: Path) -> tuple[int, str, bool]:
      "--val-fraction 0.6 and --rollback-fraction 0.5: together they must leave training samples (sum below 1)"),
     (["--data-root", str(ROOT / "pyproject.toml")], f"--data-root {ROOT / 'pyproject.toml'}: is not a directory"),
     (["--dataset", "imagenet"], "--dataset 'imagenet': choose one of digits, fashion-mnist, mnist, cifar10, svhn, "
-                                "cinic10"),
+                                "cinic10, fortunes, leaf-femnist, leaf-shakespeare, leaf-sent140, or file:PATH"),
     (["--partition", "dirichlet:beta=1"], "bad option 'beta=1' in 'dirichlet:beta=1'; dirichlet takes alpha=, "
                                           "min_size="),
     (["--model", "mlp:hidden=0"], "model 'mlp:hidden=0': hidden must be positive integers separated by commas"),

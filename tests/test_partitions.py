@@ -196,4 +196,4 @@ def test_bad_arguments():
         part("iid", val_fraction=1.0)
     with pytest.raises(PartitionError):
         part("iid", nodes=0)
-    assert PARTITIONS == ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked")
+    assert PARTITIONS == ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked", "natural")

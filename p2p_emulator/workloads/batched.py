@@ -13,6 +13,8 @@ one stack and each model's parameters and buffers become views of its row, so th
 works on the stack in place; any other set is gathered into a temporary stack and
 written back.
 
+Recurrent models (char-lstm) are never batched: their jobs run node by node (see `_batchable`).
+
 Batches of unequal size (a node's last batch, unequal data) are padded and masked, except
 for a model with BatchNorm in training, where padding would change the batch statistics:
 there, nodes whose batch has one size step together.
@@ -39,6 +41,7 @@ class _Layout:
     architecture: tuple | None  # None: a model the batched path leaves alone (tied tensors)
     batch_norm: bool
     convolution: bool
+    recurrent: bool
     modules: list
     slots: list  # (name, owning module, attribute, is a parameter)
     row: tuple | None = None  # (stack, row, data pointers of the row's views)
@@ -53,8 +56,9 @@ class _Layout:
         shapes = tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
         norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+        recurrent = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
         tied = len({id(t) for _, t in tensors}) < len(tensors)  # one tensor in two places: not stackable
-        known = cls((type(model), repr(model), shapes), norm, conv, list(model.modules()), slots)
+        known = cls((type(model), repr(model), shapes), norm, conv, recurrent, list(model.modules()), slots)
         if tied or list(known.state()) != list(model.state_dict()):  # shared modules: leave it to the plain jobs
             known.architecture = None
         return known
@@ -211,9 +215,13 @@ def _sgd_key(model, x, y, *, epochs, steps, lr, momentum, weight_decay, batch_si
 
 def _batchable(model, x) -> bool:
     """Whether vmap pays: not for tied tensors, nor for convolutions on a CPU, where vmap's grouped
-    convolution runs slower than one node after another (docs/batched.md has the measurement)."""
+    convolution runs slower than one node after another (docs/batched.md has the measurement), nor for
+    an RNN (char-lstm): vmap has no batching rule for the LSTM kernels. On a CPU training falls back to
+    a loop under a warning, 3-4 times slower than one node after another (8 nodes, hidden 32 and 256),
+    and evaluation (no_grad) cannot run at all; on CUDA neither runs (cuDNN's weights have no storage)."""
     model_layout = layout(model)
-    return model_layout.architecture is not None and not (model_layout.convolution and x.device.type == "cpu")
+    return (model_layout.architecture is not None and not model_layout.recurrent
+            and not (model_layout.convolution and x.device.type == "cpu"))
 
 
 def sgd_together(calls: list[tuple[tuple, dict]]) -> list[tuple[float, int]]:

@@ -1,7 +1,7 @@
-"""Image classification datasets as compact uint8 tensors.
+"""Every dataset by name (`load_dataset`), as compact tensors.
 
-Every loader returns a `Dataset` with images as uint8 NCHW tensors (normalise per
-batch with `normalise`) and int64 labels. Sources:
+Every loader returns a `Dataset` (decoded.py) with int64 labels; images are uint8 NCHW
+tensors (normalise per batch with `normalise`), text is uint8 character ids. Sources:
 
 - ``digits``: scikit-learn's bundled 8x8 digits (values 0..16 scaled to 0..255).
   It has no official test split, so 20% of each class (rounded) is held out as
@@ -13,8 +13,11 @@ batch with `normalise`) and int64 labels. Sources:
 - ``mnist``, ``cifar10``, ``svhn``: torchvision's files under root (downloaded
   there with ``download=True``).
 - ``cinic10``: the ImageFolder layout root/{train,test}/<class>/*.png.
+- ``fortunes``: the Debian package ``fortunes``, next-character prediction (text.py).
+- ``leaf-femnist``, ``leaf-shakespeare``, ``leaf-sent140``: LEAF's JSON files (leaf.py).
+- ``file:PATH``: a user's .npz or .csv with an owner per sample (user_files.py).
 
-Decoded IDX and CINIC-10 data is cached as an uncompressed .npz under
+Decoded IDX, CINIC-10 and fortunes data is cached (decoded.py) as an uncompressed .npz under
 $XDG_CACHE_HOME/p2p-emulator (default ~/.cache/p2p-emulator), keyed by the source
 files' paths, sizes and mtimes; every load is also memoised in-process.
 """
@@ -23,49 +26,29 @@ from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
-import os
-import tempfile
 import warnings
-import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .decoded import Dataset, DatasetError, cache_dir, disk_cached, make_dataset
 from .lazy import LazyModule
 
 torch = LazyModule("torch")
 
-DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "svhn", "cinic10")
+DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "svhn", "cinic10", "fortunes",
+            "leaf-femnist", "leaf-shakespeare", "leaf-sent140")
+FILE_PREFIX = "file:"  # --dataset file:PATH, a user's own CSV or NPZ
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CINIC10_URL = "https://datashare.ed.ac.uk/handle/10283/3192"
 
 
-class DatasetError(Exception):
-    """A dataset cannot be loaded; the message is one line meant for the user."""
-
-
-@dataclass(frozen=True)
-class Dataset:
-    name: str
-    train_x: torch.Tensor  # uint8 (N, C, H, W)
-    train_y: torch.Tensor  # int64 (N,)
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    num_classes: int
-    mean: tuple[float, ...]  # per channel, 0..1 units, of the training images
-    std: tuple[float, ...]
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return tuple(self.train_x.shape[1:])
-
-
 def load_dataset(name: str, root: str | None = None, download: bool = False) -> Dataset:
-    """Load `name` (one of DATASETS) from `root` or its default location."""
+    """Load `name` (one of DATASETS, or file:PATH) from `root` or its default location."""
+    if name.startswith(FILE_PREFIX):
+        return _load_memoised(name, None, False)
     if name not in _LOADERS:
         raise DatasetError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     resolved = str(Path(root).expanduser().resolve()) if root else None
@@ -76,11 +59,13 @@ NORMALIZATIONS = ("standard", "max", "none")
 
 
 def normalise(x_uint8: torch.Tensor, dataset: Dataset, mode: str = "standard") -> torch.Tensor:
-    """float32 images, for one (C,H,W) or a batch (B,C,H,W).
+    """float32 images, for one (C,H,W) or a batch (B,C,H,W); tokens and features as they are.
 
     standard: (x/255 - mean)/std per channel; max: x/255 (divided by the largest
     pixel value); none: the raw 0..255 values.
     """
+    if dataset.kind != "image":
+        return x_uint8
     x = x_uint8.float()
     if mode == "none":
         return x
@@ -98,83 +83,16 @@ def forget_loaded() -> None:
 
 @functools.lru_cache(maxsize=None)
 def _load_memoised(name: str, root: str | None, download: bool) -> Dataset:
+    if name.startswith(FILE_PREFIX):
+        from .user_files import load_file
+
+        return load_file(name[len(FILE_PREFIX):])
     return _LOADERS[name](root, download)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "p2p-emulator"
 
 
 def _default_root() -> Path:
     # Where torchvision datasets live (and are downloaded to) when no root is given.
-    return _cache_dir() / "datasets"
-
-
-def _make(name, train_x, train_y, test_x, test_y, num_classes, stats=None) -> Dataset:
-    mean, std = stats if stats is not None else _channel_stats(train_x)
-    return Dataset(
-        name=name,
-        train_x=_tensor(train_x, np.uint8),
-        train_y=_tensor(train_y, np.int64),
-        test_x=_tensor(test_x, np.uint8),
-        test_y=_tensor(test_y, np.int64),
-        num_classes=int(num_classes),
-        mean=tuple(float(m) for m in mean),
-        std=tuple(float(s) for s in std),
-    )
-
-
-def _tensor(array: np.ndarray, dtype) -> torch.Tensor:
-    # np.require copies only when needed (read-only buffers, other dtypes).
-    return torch.from_numpy(np.require(array, dtype=dtype, requirements=("C", "W")))
-
-
-def _channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact per-channel mean and std in 0..1 units from a 256-bin histogram (no float copy)."""
-    levels = np.arange(256) / 255.0
-    means, stds = [], []
-    for channel in range(x.shape[1]):
-        hist = np.bincount(x[:, channel].ravel(), minlength=256)
-        p = hist / hist.sum()
-        mean = p @ levels
-        means.append(mean)
-        stds.append(np.sqrt(p @ (levels - mean) ** 2))
-    return np.array(means), np.array(stds)
-
-
-# ---------------------------------------------------------------- on-disk cache
-
-
-def _disk_cached(name: str, sources: list[Path], build: Callable[[], Dataset]) -> Dataset:
-    """Load `build()`'s result from the .npz cache, or build it and try to cache it."""
-    stamp = repr([(str(p), st.st_size, st.st_mtime_ns) for p in sources for st in [p.stat()]])
-    path = _cache_dir() / f"{name}-{hashlib.sha256(stamp.encode()).hexdigest()[:16]}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return _make(name, z["train_x"], z["train_y"], z["test_x"], z["test_y"],
-                         z["num_classes"], (z["mean"], z["std"]))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        pass  # no cache yet, or an unreadable one: rebuild it
-    dataset = build()
-    _save_npz(path, dataset)
-    return dataset
-
-
-def _save_npz(path: Path, dataset: Dataset) -> None:
-    # Written to a temporary file and renamed, so concurrent loaders never read half a file;
-    # the cache is optional, so a read-only home just means no cache.
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-            tmp = f.name
-            np.savez(f, train_x=dataset.train_x.numpy(), train_y=dataset.train_y.numpy(),
-                     test_x=dataset.test_x.numpy(), test_y=dataset.test_y.numpy(),
-                     num_classes=dataset.num_classes, mean=dataset.mean, std=dataset.std)
-        os.replace(tmp, path)
-    except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+    return cache_dir() / "datasets"
 
 
 # ---------------------------------------------------------------- digits
@@ -187,7 +105,7 @@ def _load_digits(root: str | None, download: bool) -> Dataset:
     images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
     labels = digits.target.astype(np.int64)
     test = _stratified_holdout(labels, fraction=0.2, seed=0)
-    return _make("digits", images[~test], labels[~test], images[test], labels[test], 10)
+    return make_dataset("digits", images[~test], labels[~test], images[test], labels[test], 10)
 
 
 def _stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -226,7 +144,7 @@ def _load_fashion_mnist(root: str | None, download: bool) -> Dataset:
             f"fashion-mnist: no IDX files in {looked} (looked for {_IDX_FILES['train_x']}[.gz] "
             f"and the other three); install the Debian package dataset-fashion-mnist, "
             f"pass --data-root DIR, or pass --download (needs internet)")
-    return _disk_cached("fashion-mnist", list(files.values()), lambda: _decode_idx(files))
+    return disk_cached("fashion-mnist", list(files.values()), lambda: _decode_idx(files))
 
 
 def _find_idx(dirs: list[Path]) -> dict[str, Path] | None:
@@ -248,7 +166,7 @@ def _decode_idx(files: dict[str, Path]) -> Dataset:
         if len(x) != len(y):
             raise DatasetError(f"fashion-mnist: {files[key]} has {len(x)} images but its labels file has {len(y)}")
     num_classes = int(max(train_y.max(), test_y.max())) + 1
-    return _make("fashion-mnist", train_x[:, None], train_y, test_x[:, None], test_y, num_classes)
+    return make_dataset("fashion-mnist", train_x[:, None], train_y, test_x[:, None], test_y, num_classes)
 
 
 def _read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -270,6 +188,40 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
         raise DatasetError(f"{path}: header says {'x'.join(map(str, dims))} = {int(np.prod(dims))} bytes "
                            f"but the file holds {data.size}")
     return data.reshape(tuple(dims))
+
+
+# ---------------------------------------------------------------- fortunes (next character)
+
+
+def _load_fortunes(root: str | None, download: bool) -> Dataset:
+    from . import text
+
+    base = Path(root) if root else text.DEBIAN_FORTUNES
+    topics = text.fortune_topics(base) if base.is_dir() else []
+    if not topics:
+        raise DatasetError(f"fortunes: no fortune files (a text file with its .dat index) in {base}; "
+                           f"install the Debian package fortunes or pass --data-root DIR")
+    return disk_cached("fortunes", topics, lambda: _decode_fortunes(topics))
+
+
+def _decode_fortunes(topics: list[Path]) -> Dataset:
+    from . import text
+
+    parts = {split: ([], [], []) for split in ("train", "test")}
+    for owner, path in enumerate(topics):
+        try:
+            x, y = text.next_character_samples(text.encode(text.read_fortunes(path)))
+        except (OSError, UnicodeDecodeError) as err:
+            raise DatasetError(f"{path}: cannot read as UTF-8 text ({err})") from None
+        for split, positions in zip(parts, text.split_by_sample(len(y))):
+            picked = np.asarray(positions, dtype=np.int64)
+            for array, values in zip(parts[split], (x[picked], y[picked], np.full(len(picked), owner))):
+                array.append(values)
+    (train_x, train_y, train_owner), (test_x, test_y, test_owner) = (
+        [np.concatenate(a) for a in arrays] for arrays in parts.values())
+    return make_dataset("fortunes", train_x, train_y, test_x, test_y, text.VOCABULARY, kind="tokens",
+                 vocabulary=text.VOCABULARY, owners=[p.name for p in topics], train_owner=train_owner,
+                 test_owner=test_owner)
 
 
 # ---------------------------------------------------------------- torchvision
@@ -299,7 +251,7 @@ def _open_torchvision(name: str, files: str, root: str | None, download: bool, m
 def _load_mnist(root: str | None, download: bool) -> Dataset:
     train, test = _open_torchvision("mnist", "MNIST", root, download,
                                     lambda r, t: _tv().MNIST(r, train=t, download=download))
-    return _make("mnist", train.data.numpy()[:, None], train.targets.numpy(),
+    return make_dataset("mnist", train.data.numpy()[:, None], train.targets.numpy(),
                  test.data.numpy()[:, None], test.targets.numpy(), 10)
 
 
@@ -307,7 +259,7 @@ def _load_cifar10(root: str | None, download: bool) -> Dataset:
     train, test = _open_torchvision("cifar10", "CIFAR-10", root, download,
                                     lambda r, t: _tv().CIFAR10(r, train=t, download=download))
     # CIFAR10 keeps images as NHWC.
-    return _make("cifar10", train.data.transpose(0, 3, 1, 2), np.asarray(train.targets),
+    return make_dataset("cifar10", train.data.transpose(0, 3, 1, 2), np.asarray(train.targets),
                  test.data.transpose(0, 3, 1, 2), np.asarray(test.targets), 10)
 
 
@@ -315,7 +267,7 @@ def _load_svhn(root: str | None, download: bool) -> Dataset:
     split = {True: "train", False: "test"}
     train, test = _open_torchvision("svhn", "SVHN", root, download,
                                     lambda r, t: _tv().SVHN(r, split=split[t], download=download))
-    return _make("svhn", train.data, train.labels, test.data, test.labels, 10)
+    return make_dataset("svhn", train.data, train.labels, test.data, test.labels, 10)
 
 
 # ---------------------------------------------------------------- CINIC-10
@@ -329,7 +281,7 @@ def _load_cinic10(root: str | None, download: bool) -> Dataset:
                            f"(torchvision cannot download it); unpack CINIC-10 from {CINIC10_URL} "
                            f"there or pass --data-root DIR")
     classes = sorted({p.parent.name for p in images["train"]})
-    return _disk_cached("cinic10", images["train"] + images["test"],
+    return disk_cached("cinic10", images["train"] + images["test"],
                         lambda: _decode_folder(images, classes))
 
 
@@ -348,7 +300,7 @@ def _decode_folder(images: dict[str, list[Path]], classes: list[str]) -> Dataset
         if len(shapes) != 1:
             raise DatasetError(f"cinic10: {split} images differ in size: {sorted(shapes)}")
         arrays[split] = (torch.stack(decoded[split]).numpy(), np.array([index[p.parent.name] for p in paths]))
-    return _make("cinic10", *arrays["train"], *arrays["test"], len(classes))
+    return make_dataset("cinic10", *arrays["train"], *arrays["test"], len(classes))
 
 
 def _decode_png(path: Path) -> torch.Tensor:
@@ -361,6 +313,14 @@ def _decode_png(path: Path) -> torch.Tensor:
         raise DatasetError(f"{path}: cannot decode ({str(err).splitlines()[0]})") from None
 
 
+def _leaf(task: str) -> Callable[[str | None, bool], Dataset]:
+    def load(root: str | None, download: bool) -> Dataset:
+        from . import leaf  # ijson and the text tools: only LEAF runs need them
+
+        return leaf.load(task, root)
+    return load
+
+
 _LOADERS: dict[str, Callable[[str | None, bool], Dataset]] = {
     "digits": _load_digits,
     "fashion-mnist": _load_fashion_mnist,
@@ -368,4 +328,8 @@ _LOADERS: dict[str, Callable[[str | None, bool], Dataset]] = {
     "cifar10": _load_cifar10,
     "svhn": _load_svhn,
     "cinic10": _load_cinic10,
+    "fortunes": _load_fortunes,
+    "leaf-femnist": _leaf("femnist"),
+    "leaf-shakespeare": _leaf("shakespeare"),
+    "leaf-sent140": _leaf("sent140"),
 }

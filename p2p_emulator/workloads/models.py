@@ -2,8 +2,13 @@
 
 Every model is a `SplitModel`: backbone x -> z (width d_z), MAPL projection head
 z -> p (width d_p) and classifier ReLU(z) -> logits (Linear without bias, so the
-K x d_z weight is all MAPL exchanges). Protocols that do not use the projection
-head simply never call `project`.
+K x d_z weight is all MAPL exchanges; shaped mlp and the LEAF models have a bias,
+char-lstm no ReLU). Protocols that do not use the projection head simply never
+call `project`.
+
+What a model reads (`model_specs.READS`): images (C, H, W), except mlp (images or
+feature vectors (D,)) and char-lstm (token ids (L,), of any integer dtype); any
+other pairing is refused in one line.
 
 Architectures (`MODELS`):
 - "cnn-small": the CPU default, two conv layers (32/64) with BatchNorm and
@@ -26,6 +31,23 @@ Architectures (`MODELS`):
   "small-mixer" (MLP-Mixer on a 4x4 grid of patches). Each has <= 151k
   parameters at d_z = 512 and takes ~3.5-4.5 ms forward+backward for a batch of
   64 8x8 images on one thread.
+- "leaf-cnn": LEAF's FEMNIST CNN (Caldas et al. 2018, models/femnist/cnn.py): 5x5
+  'same' conv 32 + ReLU, 2x2 max-pool, 5x5 'same' conv 64 + ReLU, 2x2 max-pool,
+  Linear to 2048 = z (d_z is ignored), then the classifier ReLU + Linear(2048, K)
+  with bias: LEAF's dense 2048 with ReLU and its output layer. Any image of at least
+  4x4 (the flatten width follows the size: 64 * (H // 4) * (W // 4)); no BatchNorm,
+  as LEAF. Its parameters equal LEAF's (6,603,710 at 28x28, 62 classes).
+- "char-lstm", "char-lstm:hidden=H": LEAF's Shakespeare model
+  (models/shakespeare/stacked_lstm.py): Embedding(vocabulary, 8), two stacked LSTM
+  layers of H = 256 units, the last time step's output is z (d_z = H; --d-z is
+  ignored), and the classifier is Linear(H, K) with bias and no activation before it
+  (LEAF's dense output layer on outputs[:, -1]). Departures from LEAF: PyTorch's LSTM
+  has two bias vectors per gate (b_ih and b_hh) where TF's BasicLSTMCell has one, so
+  2 * 4H more parameters per layer; TF's cell adds a forget-gate bias of 1.0 and
+  initialises with Glorot-uniform kernels and zero biases, here PyTorch's init
+  (every tensor U(-1/sqrt(H), 1/sqrt(H)), embedding N(0, 1)); the vocabulary is the
+  dataset's (text.py: LEAF's 80 characters and one unknown id, 81), where LEAF looks
+  an unknown character up as -1.
 "hetero" and "hetero-small" assign round-robin by node id, or with
 assign="random" independently per node from the node's own seed (`assign_seed`).
 
@@ -44,18 +66,20 @@ the same one start from one x0), so a node's initial parameters depend on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from .lazy import LazyModule
-from .model_specs import NORMS, ModelError, assigned_arch, parse_model
+from .model_specs import NORMS, ModelError, assigned_arch, check_reads, parse_model
 
 # torchvision's import pulls in torch._dynamo (over a second): only the architectures built from its
 # blocks load it.
@@ -82,7 +106,7 @@ class SplitModel(nn.Module):
     """Backbone + MAPL projection head (only when d_p is given) + classifier."""
 
     def __init__(self, arch: str, backbone: nn.Module, d_z: int, d_p: int | None, hidden: int, num_classes: int,
-                 bias: bool = False):
+                 bias: bool = False, activation: type[nn.Module] = nn.ReLU):
         super().__init__()
         self.arch, self.d_z, self.d_p = arch, d_z, d_p
         self.backbone = backbone
@@ -90,8 +114,9 @@ class SplitModel(nn.Module):
             self.projection = nn.Sequential(
                 nn.Linear(d_z, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True), nn.Linear(hidden, d_p)
             )
-        # Authors' code: ReLU on the latent, then a linear layer; MAPL sends only its weight.
-        self.classifier = nn.Sequential(nn.ReLU(), nn.Linear(d_z, num_classes, bias=bias))
+        # Authors' code: ReLU on the latent, then a linear layer; MAPL sends only its weight. The activation is
+        # per architecture (char-lstm: none) but keeps index 0, so the linear layer is always classifier[1].
+        self.classifier = nn.Sequential(activation(), nn.Linear(d_z, num_classes, bias=bias))
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return self.backbone(x)
@@ -103,7 +128,7 @@ class SplitModel(nn.Module):
         return self.projection(z)
 
 
-# --- backbones: each takes (in_shape, d_z) and maps (B, C, H, W) -> (B, d_z) ---
+# --- backbones: each takes (in_shape, d_z) and maps a batch of samples (B, *in_shape) -> (B, d_z) ---
 
 
 def _conv_bn(c_in: int, c_out: int) -> list[nn.Module]:
@@ -118,8 +143,9 @@ def _cnn_small(in_shape: tuple[int, int, int], d_z: int, channels: tuple[int, ..
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(channels[-1] * 4, d_z))
 
 
-def _mlp(in_shape: tuple[int, int, int], d_z: int, hidden: tuple[int, ...] = (256,)) -> nn.Module:
-    """Flatten, then Linear layers through `hidden` to d_z with ReLU between them."""
+def _mlp(in_shape: tuple[int, ...], d_z: int, hidden: tuple[int, ...] = (256,)) -> nn.Module:
+    """Flatten (images; feature vectors pass as they are), then Linear layers through `hidden` to d_z with ReLU
+    between them."""
     widths = [int(np.prod(in_shape)), *hidden, d_z]
     layers: list[nn.Module] = [nn.Flatten()]
     for n_in, n_out in zip(widths, widths[1:]):
@@ -221,7 +247,41 @@ class _Mixer(nn.Module):
         return self.head(self.norm(self.blocks(tokens)).mean(1))
 
 
-_BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
+LEAF_CNN_DENSE = 2048  # LEAF's FEMNIST CNN: the dense layer before the output, its latent
+
+
+def _leaf_cnn(in_shape: tuple[int, int, int], d_z: int) -> nn.Module:
+    """LEAF's FEMNIST CNN up to its 2048-wide dense layer; 'same' 5x5 convs keep the size, each pool halves it."""
+    c, h, w = in_shape
+    return nn.Sequential(
+        nn.Conv2d(c, 32, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), d_z),
+    )  # fmt: skip
+
+
+CHAR_LSTM_HIDDEN = 256  # LEAF's Shakespeare model: n_hidden
+CHAR_EMBEDDING = 8
+
+
+class _CharLSTM(nn.Module):
+    """LEAF's Shakespeare model up to its output layer: embed each id in 8 dimensions, two stacked LSTM layers
+    of `hidden` units, and the last time step's output as the latent (d_z = hidden)."""
+
+    def __init__(self, in_shape: tuple[int], hidden: int, vocabulary: int):
+        super().__init__()  # in_shape (L,): the LSTM reads sequences of any length
+        self.embed = nn.Embedding(vocabulary, CHAR_EMBEDDING)
+        self.lstm = nn.LSTM(CHAR_EMBEDDING, hidden, num_layers=2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        embedded = self.embed(x.long())  # ids come as uint8 or int32, as the dataset stores them
+        # cuDNN's LSTM cannot backpropagate in eval mode (L2C's loss_gradient does); PyTorch's own kernel can.
+        native = x.is_cuda and not self.training and torch.is_grad_enabled()
+        with torch.backends.cudnn.flags(enabled=False) if native else contextlib.nullcontext():
+            return self.lstm(embedded)[0][:, -1]
+
+
+_BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "cnn-small": _cnn_small,
     "mlp": _mlp,
     "resnet18": _resnet18,
@@ -231,10 +291,21 @@ _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], nn.Module]] = {
     "small-resnet": _small_resnet,
     "small-dwsep": _small_dwsep,
     "small-mixer": _Mixer,
+    "leaf-cnn": _leaf_cnn,
 }
+
+
+class _Design(NamedTuple):
+    """How one architecture is built: its backbone builder, latent width and classifier."""
+    builder: Callable[[tuple[int, ...], int], nn.Module]
+    d_z: int
+    bias: bool = False  # the classifier's
+    activation: type[nn.Module] = nn.ReLU  # between the latent and the classifier's linear layer
+
+
 def build_model(
     spec: str,
-    in_shape: tuple[int, int, int],
+    in_shape: tuple[int, ...],
     num_classes: int,
     *,
     node: int = 0,
@@ -246,11 +317,13 @@ def build_model(
     assign: str = "round-robin",
     assign_seed=0,
     init_seed: int = 0,
+    vocabulary: int = 0,
 ) -> SplitModel:
     """Build node `node`'s model; parameters depend only on (spec, shapes, init_seed).
 
     Nodes of one architecture built with the same init_seed start from the same point;
     assign_seed is the node's draw for assign="random". d_p adds MAPL's projection head.
+    in_shape is a sample's: (C, H, W) images, (L,) token ids (when `vocabulary` > 0) or (D,) features.
     """
     arch = assigned_arch(spec, node, assign, assign_seed)
     _, widths = parse_model(spec)
@@ -258,27 +331,44 @@ def build_model(
         raise ModelError(f"unknown norm {norm!r}; choose one of {', '.join(NORMS)}")
     if not 0 <= node < num_nodes:
         raise ModelError(f"node {node} is outside 0..{num_nodes - 1}")
-    if len(in_shape) != 3 or min(in_shape) < 1:
-        raise ModelError(f"input shape must be (channels, height, width), got {tuple(in_shape)}")
-    builder, d_z, bias = _shaped(spec, arch, widths, tuple(in_shape), d_z) if widths else (_BUILDERS[arch], d_z, False)
+    in_shape = tuple(in_shape)
+    check_reads(spec, arch, in_shape, vocabulary)
+    design = _design(spec, arch, widths, in_shape, d_z, vocabulary)
     # Seed a private copy of the CPU generator: the global RNG state is restored on exit.
     with RNG_LOCK, torch.random.fork_rng(devices=[]):
         torch.default_generator.manual_seed(init_seed)
-        model = SplitModel(arch, builder(tuple(in_shape), d_z), d_z, d_p, hidden, num_classes, bias)
+        model = SplitModel(arch, design.builder(in_shape, design.d_z), design.d_z, d_p, hidden, num_classes,
+                           design.bias, design.activation)
     if norm == "group":
         _to_group_norm(model)
     return model
 
 
-def _shaped(spec: str, arch: str, widths: tuple[int, ...], in_shape: tuple[int, int, int], d_z: int):
-    """(backbone builder, d_z, classifier bias) of a shaped mlp or cnn-small."""
+def _design(spec: str, arch: str, widths: tuple[int, ...] | None, in_shape: tuple[int, ...], d_z: int,
+            vocabulary: int) -> _Design:
+    if arch == "char-lstm":
+        # LEAF's output layer: a dense layer with bias straight on the LSTM's output, no activation.
+        hidden = widths[0] if widths else CHAR_LSTM_HIDDEN
+        return _Design(functools.partial(_CharLSTM, vocabulary=vocabulary), hidden, bias=True, activation=nn.Identity)
+    if arch == "leaf-cnn":
+        if min(in_shape[1:]) < 4:
+            raise ModelError(f"--model {spec}: its two 2x2 max-pools need images of at least 4x4 pixels, "
+                             f"not {in_shape[1]}x{in_shape[2]}")
+        return _Design(_leaf_cnn, LEAF_CNN_DENSE, bias=True)  # LEAF: dense 2048 + ReLU, then dense K
+    if widths:
+        return _shaped(spec, arch, widths, in_shape, d_z)
+    return _Design(_BUILDERS[arch], d_z)
+
+
+def _shaped(spec: str, arch: str, widths: tuple[int, ...], in_shape: tuple[int, ...], d_z: int) -> _Design:
+    """A shaped mlp or cnn-small."""
     if arch == "mlp":
         # The plain MLP of the literature: its last hidden layer is the latent, the classifier has a bias.
-        return functools.partial(_mlp, hidden=widths[:-1]), widths[-1], True
+        return _Design(functools.partial(_mlp, hidden=widths[:-1]), widths[-1], bias=True)
     if 2 ** len(widths) > min(in_shape[1:]):
         raise ModelError(f"model {spec!r}: {len(widths)} conv layers halve a {in_shape[1]}x{in_shape[2]} "
                          f"image to nothing; use at most {int(math.log2(min(in_shape[1:])))}")
-    return functools.partial(_cnn_small, channels=widths), d_z, False
+    return _Design(functools.partial(_cnn_small, channels=widths), d_z)
 
 
 def _num_groups(channels: int) -> int:

@@ -163,10 +163,11 @@ class ModularNetwork(nn.Module):
 
 
 def build_modular(model: str, widths: tuple[int, ...], in_shape, num_classes: int, *, d_z: int, norm: str,
-                  dropout: float, init_seed: int) -> ModularNetwork:
+                  dropout: float, init_seed: int, vocabulary: int = 0) -> ModularNetwork:
     """The network; encoder j is `model`'s backbone from init_seed + j, the router's from init_seed + n1.
     The blocks are as wide as the backbone's latent (d_z; a shaped mlp's last hidden width)."""
-    built = [build_model(model, in_shape, num_classes, d_z=d_z, norm=norm, init_seed=init_seed + j)
+    built = [build_model(model, in_shape, num_classes, d_z=d_z, norm=norm, init_seed=init_seed + j,
+                         vocabulary=vocabulary)
              for j in range(widths[0] + 1)]
     encoders, router_encoder, d_z = [m.backbone for m in built[:-1]], built[-1].backbone, built[0].d_z
     with RNG_LOCK, torch.random.fork_rng(devices=[]):

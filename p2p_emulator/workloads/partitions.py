@@ -49,6 +49,17 @@ gives the same partition. Train and test samples are never shared between nodes.
   evenly over its classes; its cluster is its group. When a class runs short, all counts are
   scaled by one common factor and a note says so.
 
+- ``natural:users_per_node=1,nodes=,samples=,test=``: the data's own owners (a LEAF user, a
+  fortunes topic, a file's `owner` column), as LEAF runs them. With neither option every owner
+  is one node, in the data's order, and the run needs as many data holders as owners. nodes=N
+  (which must equal the data holders) draws N * users_per_node owners by the seed, and
+  users_per_node=K alone draws data holders * K of them, K to a node; a note says how many were
+  left out. A node holds all
+  train and test samples of its owners, in the data's order (LEAF's own split); samples=S and
+  test=T keep at most S train and T test samples of each owner, drawn by the seed in that order.
+  partition.json names every node's owners. Owners without training samples are left out (a note
+  says so).
+
 iid, dirichlet, classes, mixture and fedlinked draw each node's test samples class by class in
 proportion to its share of that class's training samples, so test follows train.
 """
@@ -62,7 +73,7 @@ import numpy as np
 
 from emulator.units import SpecError, read_spec
 
-PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked")
+PARTITIONS = ("iid", "dirichlet", "classes", "mapl", "shards", "mixture", "fedlinked", "natural")
 
 # Per partition: option -> (type, default).
 _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
@@ -74,6 +85,7 @@ _OPTIONS: dict[str, dict[str, tuple[type, object]]] = {
     "shards": {"n": (int, 2)},
     "mixture": {"components": (int, 3), "alpha": (float, 0.4), "samples": (int, 200)},
     "fedlinked": {"groups": (int, 2), "classes": (int, 4), "samples": (int, 200)},
+    "natural": {"users_per_node": (int, 1), "nodes": (int, None), "samples": (int, None), "test": (int, None)},
 }
 _DIRICHLET_DRAWS = 100
 
@@ -92,6 +104,7 @@ class NodeData:
     classes: list[int]  # assigned classes (iid/dirichlet: the classes present), sorted
     weights: list[float] | None = None  # mixture: the node's component weights
     rollback: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))  # a second val split
+    owners: list[str] | None = None  # natural: the owners whose samples the node holds
 
 
 @dataclass
@@ -116,6 +129,7 @@ class Partition:
                     "node": n.node,
                     "model": models[i],
                     "cluster": n.cluster,
+                    **({"owners": n.owners} if n.owners is not None else {}),
                     **({"weights": n.weights} if n.weights is not None else {}),
                     "train": _class_counts(y_train[n.train]),
                     "val": _class_counts(y_train[n.val]),
@@ -127,9 +141,17 @@ class Partition:
         }
 
 
+@dataclass(frozen=True)
+class Owners:
+    """Who owns each sample: indices into `names`, per split."""
+    train: np.ndarray
+    test: np.ndarray
+    names: tuple[str, ...]
+
+
 def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int, seed,
                    val_fraction: float = 0.0, public_fraction: float = 0.0,
-                   rollback_fraction: float = 0.0) -> Partition:
+                   rollback_fraction: float = 0.0, owners: Owners | None = None) -> Partition:
     """Partition train/test labels over num_nodes nodes according to `spec` (see module doc).
 
     public_fraction of every class is held out first as the shared unlabelled set; then each
@@ -147,7 +169,7 @@ def make_partition(spec: str, train_y, test_y, num_nodes: int, num_classes: int,
     train_pools = _class_pools(train_y, num_classes, rng)
     test_pools = _class_pools(test_y, num_classes, rng)
     public = _take_public(train_pools, public_fraction) if public_fraction > 0 else None
-    ctx = _Context(train_pools, test_pools, train_y, num_nodes, rng, notes)
+    ctx = _Context(train_pools, test_pools, train_y, num_nodes, rng, notes, owners, public)
     nodes = _BUILDERS[name](ctx, **options)
     for node in nodes:
         n = len(node.train)
@@ -224,6 +246,8 @@ class _Context:
     num_nodes: int
     rng: np.random.Generator
     notes: list[str]
+    owners: Owners | None = None
+    public: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
@@ -441,8 +465,67 @@ def _fedlinked(ctx: _Context, groups: int, classes: int, samples: int) -> list[N
     return _nodes(ctx, train, _test_like_train(ctx, train), clusters=group_of, classes=assigned)
 
 
+def _natural(ctx: _Context, users_per_node: int, nodes: int | None, samples: int | None,
+             test: int | None) -> list[NodeData]:
+    owners = ctx.owners
+    _require(owners is not None, "natural: this dataset has no owner per sample; use leaf-femnist, "
+                                 "leaf-shakespeare, leaf-sent140, fortunes or file:PATH with an owner column")
+    for key, value in (("users_per_node", users_per_node), ("nodes", nodes), ("samples", samples), ("test", test)):
+        _require(value is None or value >= 1, f"natural: {key} must be at least 1, got {value}")
+    train = _by_owner(owners.train, len(owners.names), ctx.public)
+    test_of = _by_owner(owners.test, len(owners.names))
+    eligible = [o for o in range(len(owners.names)) if len(train[o])]
+    if len(eligible) < len(owners.names):
+        ctx.notes.append(f"natural: {len(owners.names) - len(eligible)} owner(s) without training samples left out")
+    chosen = _natural_owners(ctx, eligible, users_per_node, nodes)
+    rows = []
+    for i in range(ctx.num_nodes):
+        group = chosen[i * users_per_node:(i + 1) * users_per_node]
+        node_train = np.concatenate([_at_most(train[o], samples, ctx.rng) for o in group])
+        node_test = np.concatenate([_at_most(test_of[o], test, ctx.rng) for o in group])
+        rows.append(NodeData(i, node_train, np.empty(0, dtype=np.int64), node_test, None,
+                             [int(c) for c in np.unique(ctx.train_y[node_train])],
+                             owners=[owners.names[o] for o in group]))
+    untested = [name for node in rows if not len(node.test) for name in node.owners]
+    if untested:
+        ctx.notes.append(f"natural: no test samples for {', '.join(untested)}: their nodes report no test_acc")
+    return rows
+
+
+def _by_owner(owner: np.ndarray, count: int, leave_out: np.ndarray | None = None) -> list[np.ndarray]:
+    """Each owner's sample indices in the data's order, less `leave_out` (the public split)."""
+    order = np.argsort(owner, kind="stable")
+    if leave_out is not None:
+        order = order[~np.isin(order, leave_out)]
+    return np.split(order, np.cumsum(np.bincount(owner[order], minlength=count))[:-1])
+
+
+def _natural_owners(ctx: _Context, eligible: list[int], per_node: int, nodes: int | None) -> list[int]:
+    wanted = ctx.num_nodes * per_node
+    if nodes is not None:
+        _require(nodes == ctx.num_nodes, f"natural:nodes={nodes}, but the run has {ctx.num_nodes} nodes "
+                                         f"holding data; pass --nodes to match")
+    elif per_node == 1:
+        _require(len(eligible) == wanted, f"natural: the data has {len(eligible)} owners and the run "
+                 f"{wanted} nodes holding data; match them, or draw some with natural:nodes={ctx.num_nodes} "
+                 f"or group them with natural:users_per_node=K")
+        return eligible
+    _require(wanted <= len(eligible), f"natural: {ctx.num_nodes} nodes x {per_node} owners need {wanted} "
+                                      f"owners, but the data has {len(eligible)}")
+    if wanted < len(eligible):
+        ctx.notes.append(f"natural: {wanted} of {len(eligible)} owners drawn, {per_node} to a node")
+    return [eligible[i] for i in ctx.rng.permutation(len(eligible))[:wanted]]
+
+
+def _at_most(indices: np.ndarray, cap: int | None, rng: np.random.Generator) -> np.ndarray:
+    """`cap` of the indices drawn by the seed, kept in their order (all of them without a cap)."""
+    if cap is None or len(indices) <= cap:
+        return indices.astype(np.int64)
+    return indices[np.sort(rng.choice(len(indices), cap, replace=False))].astype(np.int64)
+
+
 _BUILDERS = {"iid": _iid, "dirichlet": _dirichlet, "classes": _classes, "mapl": _mapl, "shards": _shards,
-             "mixture": _mixture, "fedlinked": _fedlinked}
+             "mixture": _mixture, "fedlinked": _fedlinked, "natural": _natural}
 
 
 def _class_counts(labels: np.ndarray) -> dict[str, int]:

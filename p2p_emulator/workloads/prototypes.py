@@ -6,12 +6,15 @@ docs/mapl.md says how the "code" and "paper" forms of the losses differ.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from .augment import TwoViews
 from .training import batches
+
+if TYPE_CHECKING:  # augment imports torchvision, which token and feature data never need
+    from .augment import TwoViews
 
 ADAM_BETA2 = 0.999  # paper and code
 
@@ -50,17 +53,35 @@ def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float)
 LOSSES = {"code": code_losses, "paper": paper_losses}
 
 
-def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, views: TwoViews,
-                          stats: tuple[torch.Tensor, torch.Tensor], *, epochs: int, batch_size: int, lr: float,
+def view_stats(dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (mean, std) two_views un-standardises images with, shaped for (B, C, H, W); None for token ids and
+    feature vectors."""
+    if dataset.kind != "image":
+        return None
+    return torch.tensor(dataset.mean).view(-1, 1, 1), torch.tensor(dataset.std).view(-1, 1, 1)
+
+
+def two_views(x: torch.Tensor, views: TwoViews | None,
+              stats: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The batch's two views, first view's rows first, standardised as x is and on x's device: drawn on the CPU
+    in 0..1 units (the colour ops clamp there). Without `views` (token ids and feature vectors, which have no
+    augmentation) both views are the samples themselves."""
+    if views is None:
+        return torch.cat([x, x])
+    mean, std = stats
+    return ((torch.cat(views(x.cpu() * std + mean)) - mean) / std).to(x.device)
+
+
+def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, views: TwoViews | None,
+                          stats: tuple[torch.Tensor, torch.Tensor] | None, *, epochs: int, batch_size: int, lr: float,
                           beta1: float, weight_decay: float, tau: float, forms: str,
                           generator: torch.Generator) -> tuple[float, torch.Tensor]:
     """PML (Algorithm 1): returns the mean loss and the trained prototypes; trains `model` in place.
 
-    x is standardised (on the model's device); views are drawn on the CPU in 0..1
-    units (the colour ops clamp there). The optimizer is fresh every call, as in
-    the authors' code. Prototypes come and go on the CPU, where messages live.
+    x is standardised images (on the model's device), or token ids or features with views and
+    stats None (see two_views). The optimizer is fresh every call, as in the authors' code.
+    Prototypes come and go on the CPU, where messages live.
     """
-    mean, std = stats
     xi = prototypes.to(x.device, copy=True).requires_grad_(True)
     optimizer = torch.optim.Adam([*model.parameters(), xi], lr=lr, betas=(beta1, ADAM_BETA2),
                                  weight_decay=weight_decay)
@@ -68,7 +89,7 @@ def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: t
     total, seen = 0.0, 0
     for _ in range(epochs):
         for idx in batches(len(y), batch_size, generator):
-            both = ((torch.cat(views(x[idx].cpu() * std + mean)) - mean) / std).to(x.device)
+            both = two_views(x[idx], views, stats)
             labels = y[idx].repeat(2)
             z = model.features(both)
             loss = F.cross_entropy(model.classifier(z), labels) + LOSSES[forms](model.project(z), labels, xi, tau)

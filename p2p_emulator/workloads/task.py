@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import model_specs
-from .datasets import DATASETS, NORMALIZATIONS, DatasetError, load_dataset, normalise
+from .datasets import DATASETS, FILE_PREFIX, NORMALIZATIONS, DatasetError, load_dataset, normalise
 from .lazy import LazyModule
-from .partitions import PartitionError, make_partition, parse_partition
+from .partitions import Owners, PartitionError, make_partition, parse_partition
 
 torch = LazyModule("torch")
 models = LazyModule("p2p_emulator.workloads.models")
@@ -31,20 +31,24 @@ def option_help(text: str) -> dict:
 class WorkloadOptions:
     """Settings every learning protocol shares; each becomes a CLI flag."""
     dataset: str = field(default="digits", metadata=option_help(
-        "digits (embedded), fashion-mnist, mnist, cifar10, svhn, cinic10"))
+        "digits (embedded), fashion-mnist, mnist, cifar10, svhn, cinic10, fortunes (next character), "
+        "leaf-femnist, leaf-shakespeare, leaf-sent140 (LEAF's JSON under --data-root), "
+        "file:PATH (a .npz or .csv with an owner per sample)"))
     data_root: str = field(default="", metadata=option_help("directory holding the dataset files"))
     download: bool = field(default=False, metadata=option_help("let torchvision download the dataset (needs internet)"))
     partition: str = field(default="iid", metadata=option_help(
         "iid, dirichlet:alpha=0.5, classes:k=2, mapl:scenario=1..4[,clusters=2], shards:n=2, "
-        "mixture:components=3[,alpha=0.4,samples=200], fedlinked:groups=2[,classes=4,samples=200]"))
+        "mixture:components=3[,alpha=0.4,samples=200], fedlinked:groups=2[,classes=4,samples=200], "
+        "natural[:users_per_node=K,nodes=N,samples=S,test=T] (the data's own owners)"))
     val_fraction: float = field(default=0.0, metadata=option_help("share of each node's train split held out for validation"))
     rollback_fraction: float = field(default=0.0, metadata=option_help(
         "share of each node's train split held out for a second validation split (fedlinked's rollback)"))
     public_fraction: float = field(default=0.0, metadata=option_help(
         "share of every class held out before partitioning as the public unlabelled set (fedlinked's X0)"))
     model: str = field(default="cnn-small", metadata=option_help(
-        "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small; "
-        "shaped: mlp:hidden=64,64 (hidden widths, biased classifier) or cnn-small:channels=32,64"))
+        "cnn-small, mlp, resnet18, shufflenet, googlenet, alexnet, hetero, hetero-small, leaf-cnn (LEAF's FEMNIST "
+        "CNN), char-lstm (LEAF's next-character LSTM, for token data); shaped: mlp:hidden=64,64 (hidden widths, "
+        "biased classifier), cnn-small:channels=32,64 or char-lstm:hidden=H"))
     model_assign: str = field(default="round-robin", metadata=option_help("hetero models: round-robin or random"))
     norm: str = field(default="batch", metadata=option_help("batch or group normalisation"))
     d_z: int = field(default=512, metadata=option_help("latent width of every backbone"))
@@ -104,9 +108,10 @@ class Workload:
                                             self.dataset.test_y.numpy(), parts,
                                             self.dataset.num_classes, run_info.seeds.stream("partition"),
                                             options.val_fraction, options.public_fraction,
-                                            options.rollback_fraction)
+                                            options.rollback_fraction, _owners(self.dataset))
             # A bad shape (mlp:hidden=0, too many conv layers) fails here, not inside a node.
-            models.build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z)
+            models.build_model(options.model, self.dataset.shape, self.dataset.num_classes, d_z=options.d_z,
+                               vocabulary=self.dataset.vocabulary)
         except (DatasetError, PartitionError, model_specs.ModelError) as exc:
             raise WorkloadError(str(exc)) from None
         self.test_set = options.test_set
@@ -137,7 +142,7 @@ class Workload:
             return models.build_model(name or o.model, self.dataset.shape, self.num_classes, node=part,
                                num_nodes=len(self.archs), d_z=o.d_z, d_p=d_p, hidden=hidden, norm=o.norm,
                                assign=o.model_assign, assign_seed=self.run_info.seeds.stream("model.assign", part),
-                               init_seed=self.init_seed(part)).to(self.device)
+                               init_seed=self.init_seed(part), vocabulary=self.dataset.vocabulary).to(self.device)
         except model_specs.ModelError as exc:
             raise WorkloadError(str(exc)) from None
 
@@ -172,6 +177,12 @@ class Workload:
         return normalise(x[idx], self.dataset, self.options.normalize).to(self.device), y[idx].to(self.device)
 
 
+def _owners(dataset) -> Owners | None:
+    if dataset.train_owner is None:
+        return None
+    return Owners(dataset.train_owner, dataset.test_owner, dataset.owners)
+
+
 def _check_architectures(options: WorkloadOptions, archs: list[str], averaged_by: str | None) -> None:
     if averaged_by is not None and len(archs) > 1:
         raise WorkloadError(f"--model {options.model}: {averaged_by} averages models, so every node needs "
@@ -183,7 +194,9 @@ def _check_architectures(options: WorkloadOptions, archs: list[str], averaged_by
 
 def check_options(o: WorkloadOptions) -> None:
     """Every workload setting that can be checked without loading data, so that bad input fails at once."""
-    for flag, value, allowed in (("dataset", o.dataset, DATASETS), ("norm", o.norm, model_specs.NORMS),
+    if not o.dataset.startswith(FILE_PREFIX) and o.dataset not in DATASETS:
+        raise WorkloadError(f"--dataset {o.dataset!r}: choose one of {', '.join(DATASETS)}, or file:PATH")
+    for flag, value, allowed in (("norm", o.norm, model_specs.NORMS),
                                  ("model-assign", o.model_assign, model_specs.ASSIGNMENTS), ("init", o.init, INITS),
                                  ("test-set", o.test_set, TEST_SETS), ("normalize", o.normalize, NORMALIZATIONS)):
         if value not in allowed:

@@ -1,0 +1,34 @@
+"""The most-frequent-class baseline of a sweep's runs: what always answering the most frequent training
+label scores, as a mean over the nodes' own test splits (nodes without test samples left out).
+
+    python experiments/natural_baseline.py runs/natural-fortunes
+"""
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from statistics import mean
+
+
+def baseline(partition: dict) -> float:
+    nodes = partition["nodes"]
+    train = sum((Counter(n["train"]) for n in nodes), Counter())
+    mode = max(train, key=train.get)
+    return mean(n["test"].get(mode, 0) / sum(n["test"].values()) for n in nodes if n["test"])
+
+
+def main(root: str) -> None:
+    seen = {}
+    for path in sorted(Path(root).glob("**/partition.json")):
+        partition = json.loads(path.read_text())
+        if partition.get("partition", "").startswith("natural"):
+            config = (path.parent / "config.yaml").read_text()
+            seed = next(line.split(":")[1].strip() for line in config.splitlines() if line.startswith("seed:"))
+            seen.setdefault(seed, baseline(partition))
+    for seed, value in sorted(seen.items()):
+        print(f"seed {seed}: {100 * value:.1f}%")
+    print(f"mean: {100 * mean(seen.values()):.1f}%")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
