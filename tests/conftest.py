@@ -166,3 +166,15 @@ def write_fortunes(root, repeats: int = 12):
 def fortunes_root(tmp_path_factory):
     """`write_fortunes` in a session-wide folder: four topics, so four owners for --partition natural."""
     return write_fortunes(tmp_path_factory.mktemp("fortunes"))
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A fresh dataset cache: the .npz files (and torchvision's default root) under tmp_path, not the home,
+    and nothing memoised in-process. Yields the cache folder."""
+    from p2p_emulator.workloads import datasets
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    datasets.forget_loaded()
+    yield tmp_path / "cache"
+    datasets.forget_loaded()

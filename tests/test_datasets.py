@@ -12,13 +12,7 @@ from p2p_emulator.workloads.datasets import DATASETS, DatasetError, load_dataset
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    # Keep the .npz cache (and the default torchvision root) out of the real home.
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    datasets.forget_loaded()
-    yield
-    datasets.forget_loaded()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None) -> None:

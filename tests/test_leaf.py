@@ -70,12 +70,7 @@ def write_leaf(root, task: str) -> dict[str, list[tuple[str, object, object]]]:
     return written
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    datasets.forget_loaded()
-    yield
-    datasets.forget_loaded()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def split_arrays(d, split: str):

@@ -97,16 +97,8 @@ def test_a_dataset_without_owners_is_refused(tmp_path, capsys):
 # ---------------------------------------------------------------- fortunes
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    datasets.forget_loaded()
-    yield tmp_path / "cache"
-    datasets.forget_loaded()
-
-
 def test_fortunes_topics_are_owners_of_next_character_samples_split_as_leaf_splits_shakespeare(
-        fortunes_root, fresh_cache):
+        fortunes_root, private_cache):
     d = load_dataset("fortunes", str(fortunes_root))
     assert (d.kind, d.vocabulary, d.num_classes, d.shape) == ("tokens", 81, 81, (80,))
     assert d.owners == ("cats", "code", "food", "sea")
@@ -120,7 +112,7 @@ def test_fortunes_topics_are_owners_of_next_character_samples_split_as_leaf_spli
             [ids[i:i + 81] for i in (0, train - 1)]
         x, y = d.test_x.numpy()[d.test_owner == owner], d.test_y.numpy()[d.test_owner == owner]
         assert len(y) == len(test) and x[0].tolist() + [y[0]] == ids[test[0]:test[0] + 81]
-    assert len(list(fresh_cache.glob("p2p-emulator/fortunes-*.npz"))) == 1
+    assert len(list(private_cache.glob("p2p-emulator/fortunes-*.npz"))) == 1
 
 
 def test_characters_outside_leafs_alphabet_are_one_unknown_id():
@@ -146,7 +138,7 @@ def test_partition_json_names_each_nodes_topics(fortunes_root, tmp_path):
 # ---------------------------------------------------------------- file:PATH
 
 
-def test_an_npz_with_owners_and_a_test_flag(tmp_path, fresh_cache):
+def test_an_npz_with_owners_and_a_test_flag(tmp_path, private_cache):
     x = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
     owner = np.array(["b", "a", "b", "c", "a", "b", "c"])
     test = np.array([0, 0, 1, 0, 0, 0, 1], dtype=bool)
@@ -157,7 +149,7 @@ def test_an_npz_with_owners_and_a_test_flag(tmp_path, fresh_cache):
     assert d.train_owner.tolist() == [0, 1, 2, 1, 0] and d.test_owner.tolist() == [0, 2]
 
 
-def test_a_csv_without_a_split_holds_out_a_fifth_of_each_owner(tmp_path, fresh_cache):
+def test_a_csv_without_a_split_holds_out_a_fifth_of_each_owner(tmp_path, private_cache):
     rows = ["owner,label,f1,f2"] + [f"u{i % 4},{i % 3},{i},{-i}" for i in range(40)]
     (tmp_path / "mine.csv").write_text("\n".join(rows) + "\n")
     d = load_dataset(f"file:{tmp_path / 'mine.csv'}")

@@ -220,8 +220,8 @@ def _decode_fortunes(topics: list[Path]) -> Dataset:
     (train_x, train_y, train_owner), (test_x, test_y, test_owner) = (
         [np.concatenate(a) for a in arrays] for arrays in parts.values())
     return make_dataset("fortunes", train_x, train_y, test_x, test_y, text.VOCABULARY, kind="tokens",
-                 vocabulary=text.VOCABULARY, owners=[p.name for p in topics], train_owner=train_owner,
-                 test_owner=test_owner)
+                        vocabulary=text.VOCABULARY, owners=[p.name for p in topics], train_owner=train_owner,
+                        test_owner=test_owner)
 
 
 # ---------------------------------------------------------------- torchvision
@@ -252,7 +252,7 @@ def _load_mnist(root: str | None, download: bool) -> Dataset:
     train, test = _open_torchvision("mnist", "MNIST", root, download,
                                     lambda r, t: _tv().MNIST(r, train=t, download=download))
     return make_dataset("mnist", train.data.numpy()[:, None], train.targets.numpy(),
-                 test.data.numpy()[:, None], test.targets.numpy(), 10)
+                        test.data.numpy()[:, None], test.targets.numpy(), 10)
 
 
 def _load_cifar10(root: str | None, download: bool) -> Dataset:
@@ -260,7 +260,7 @@ def _load_cifar10(root: str | None, download: bool) -> Dataset:
                                     lambda r, t: _tv().CIFAR10(r, train=t, download=download))
     # CIFAR10 keeps images as NHWC.
     return make_dataset("cifar10", train.data.transpose(0, 3, 1, 2), np.asarray(train.targets),
-                 test.data.transpose(0, 3, 1, 2), np.asarray(test.targets), 10)
+                        test.data.transpose(0, 3, 1, 2), np.asarray(test.targets), 10)
 
 
 def _load_svhn(root: str | None, download: bool) -> Dataset:

@@ -61,7 +61,7 @@ _X_TYPES = {"image": np.uint8, "features": np.float32}
 
 
 def make_dataset(name, train_x, train_y, test_x, test_y, num_classes, stats=None, *, kind="image", vocabulary=0,
-          owners=(), train_owner=None, test_owner=None) -> Dataset:
+                 owners=(), train_owner=None, test_owner=None) -> Dataset:
     if stats is None:
         stats = _channel_stats(train_x) if kind == "image" else ((), ())
     mean, std = stats
@@ -112,8 +112,8 @@ def disk_cached(name: str, sources: list[Path], build: Callable[[], Dataset]) ->
         with np.load(path, allow_pickle=False) as z:
             owned = {key: z[key] for key in ("owners", "train_owner", "test_owner") if key in z}
             return make_dataset(name, z["train_x"], z["train_y"], z["test_x"], z["test_y"],
-                         z["num_classes"], (z["mean"], z["std"]), kind=str(z["kind"]),
-                         vocabulary=int(z["vocabulary"]), **owned)
+                                z["num_classes"], (z["mean"], z["std"]), kind=str(z["kind"]),
+                                vocabulary=int(z["vocabulary"]), **owned)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile):
         pass  # no cache yet, or an unreadable one: rebuild it
     dataset = build()

@@ -94,7 +94,7 @@ def _decode(task: str, files: dict[str, list[Path]]) -> Dataset:
     options = codec.finish(arrays)
     (train_x, train_y, train_owner), (test_x, test_y, test_owner) = arrays.values()
     return make_dataset(f"leaf-{task}", train_x, train_y, test_x, test_y, owners=list(owners),
-                 train_owner=train_owner, test_owner=test_owner, **options)
+                        train_owner=train_owner, test_owner=test_owner, **options)
 
 
 def _read_split(codec, owners: dict[str, int], paths: list[Path], training: bool) -> list[np.ndarray]:

@@ -88,8 +88,8 @@ def _owned_dataset(file: Path, x, y, owner, test) -> Dataset:
     owner_index = renumber[owner_index.ravel()]
     test = _holdout_per_owner(owner_index) if test is None else test.astype(bool)
     return make_dataset(f"file:{file}", x[~test], y[~test], x[test], y[test], int(y.max()) + 1, kind=kind,
-                 vocabulary=vocabulary, owners=list(names[first_seen]), train_owner=owner_index[~test],
-                 test_owner=owner_index[test])
+                        vocabulary=vocabulary, owners=list(names[first_seen]), train_owner=owner_index[~test],
+                        test_owner=owner_index[test])
 
 
 def _sample_kind(file: Path, x: np.ndarray) -> tuple[str, np.ndarray, int]:
