@@ -268,10 +268,17 @@ def test_cli_refuses_a_bad_file_in_one_line(tmp_path, capsys):
                             "--nodes", "2", "--rounds", "1"], named, tmp_path / "out")
 
 
-def test_cli_runs_on_femnist(tmp_path):
+def test_a_natural_fedavg_run_gives_each_client_one_writer_and_only_their_samples(tmp_path):
     root = tmp_path / "data"
     write_leaf(root, "femnist")
     out = tmp_path / "out"
-    assert main(["--dataset", "leaf-femnist", "--data-root", str(root), "--partition", "iid", "--model", "mlp",
-                 "--protocol", "local", "--nodes", "2", "--rounds", "1", "--quiet", "--out", str(out)]) == 0
-    assert (out / "summary.json").is_file()
+    assert main(["--dataset", "leaf-femnist", "--data-root", str(root), "--partition", "natural",
+                 "--model", "mlp:hidden=16", "--protocol", "fedavg", "--topology", "star", "--nodes", "5",
+                 "--rounds", "1", "--quiet", "--out", str(out)]) == 0
+    partition = json.loads((out / "partition.json").read_text())
+    nodes = partition["nodes"]
+    assert [n["owners"] for n in nodes] == [["u3"], ["u1"], ["u2"], ["u4"]]  # u5 has no training samples
+    assert [sum(n["train"].values()) for n in nodes] == [3, 1, 4, 2]
+    assert [sum(n["test"].values()) for n in nodes] == [1, 2, 0, 0]
+    assert partition["notes"] == ["natural: 1 owner(s) without training samples left out",
+                                  "natural: no test samples for u2, u4: their nodes report no test_acc"]

@@ -118,7 +118,7 @@ def test_fedavg_trains_char_lstm_on_a_star(tmp_path, fortunes_root):
 
 @pytest.mark.parametrize("protocol", [["mapl", "--nodes", "4", "--d-p", "8"],
                                       ["fedclassavg", "--topology", "star", "--nodes", "5"]])
-def test_two_view_protocols_train_char_lstm_on_the_samples_themselves(tmp_path, fortunes_root, protocol):
+def test_two_view_protocols_run_char_lstm_on_the_samples_themselves(tmp_path, fortunes_root, protocol):
     out = tmp_path / "run"
     # --normalize max: token ids are never normalised, so the views' --normalize standard is not needed
     assert main(["--protocol", *protocol, "--model", SMALL, "--normalize", "max", *fortunes(fortunes_root),
@@ -171,7 +171,7 @@ def test_per_sample_gradients_of_an_lstm_loop_and_match_vmaps():
     assert none.shape == (0,) and empty[names[0]].shape == (0, *dict(model.named_parameters())[names[0]].shape)
 
 
-def test_dp_sgd_trains_char_lstm(tmp_path, fortunes_root):
+def test_dp_sgd_runs_char_lstm_and_accounts_each_node(tmp_path, fortunes_root):
     out = tmp_path / "dp"
     assert main(["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--model", SMALL,
                  "--dp", "clip=1,noise=1", *fortunes(fortunes_root), "--out", str(out)]) == 0

@@ -9,7 +9,9 @@ its embedding cannot take. A sample is 80 characters and the character after the
 separator lines removed and joined by newlines, are one text. Every position gives a sample
 (stride 1, as LEAF's Shakespeare), and each owner's samples are split as LEAF's
 `split_data.py --by_sample` splits Shakespeare's: the first 90% train, the rest test, less the
-79 test samples that would overlap the last training one.
+79 test samples that would overlap the last training one. One departure: LEAF drops a user whose
+test split comes out empty; here the topic stays, with training samples only (pratchett, the one
+such topic), and `--partition natural` names it in a note.
 """
 from __future__ import annotations
 
