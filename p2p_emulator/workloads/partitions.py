@@ -52,13 +52,12 @@ gives the same partition. Train and test samples are never shared between nodes.
 - ``natural:users_per_node=1,nodes=,samples=,test=``: the data's own owners (a LEAF user, a
   fortunes topic, a file's `owner` column), as LEAF runs them. With neither option every owner
   is one node, in the data's order, and the run needs as many data holders as owners. nodes=N
-  (which must equal the data holders) draws N * users_per_node owners by the seed, and
-  users_per_node=K alone draws data holders * K of them, K to a node; a note says how many were
-  left out. A node holds all
-  train and test samples of its owners, in the data's order (LEAF's own split); samples=S and
-  test=T keep at most S train and T test samples of each owner, drawn by the seed in that order.
-  partition.json names every node's owners. Owners without training samples are left out (a note
-  says so).
+  (which must equal the data holders) draws N * users_per_node owners by the seed;
+  users_per_node=K alone draws data holders * K of them, K to a node (a note says how many were
+  left out). A node holds all train and test samples of its owners, in the data's order (LEAF's
+  own split); samples=S and test=T keep at most S train and T test samples of each owner, drawn
+  by the seed and kept in order. partition.json names every node's owners. Owners without
+  training samples are left out, and owners without test samples named, each in a note.
 
 iid, dirichlet, classes, mixture and fedlinked draw each node's test samples class by class in
 proportion to its share of that class's training samples, so test follows train.
