@@ -180,7 +180,9 @@ def test_an_npz_without_owners_is_refused_by_the_cli(tmp_path, capsys):
                             "--rounds", "1"], "missing array(s) owner", tmp_path / "run")
 
 
-@pytest.mark.skipif(not text.DEBIAN_FORTUNES.is_dir(), reason="the Debian package fortunes (./dev installs it)")
+# fortunes-min, which fortune-mod pulls in, fills the same folder with 3 topics: look for one of the full package's.
+@pytest.mark.skipif(not (text.DEBIAN_FORTUNES / "computers").is_file(),
+                    reason="the Debian package fortunes (./dev installs it)")
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fedavg_on_fortunes_beats_the_most_frequent_character(tmp_path, seed):
     """Four topics drawn by the seed, a small char-LSTM: the mean test accuracy climbs past always answering
