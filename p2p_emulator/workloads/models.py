@@ -36,7 +36,8 @@ Architectures (`MODELS`):
   Linear to 2048 = z (d_z is ignored), then the classifier ReLU + Linear(2048, K)
   with bias: LEAF's dense 2048 with ReLU and its output layer. Any image of at least
   4x4 (the flatten width follows the size: 64 * (H // 4) * (W // 4)); no BatchNorm,
-  as LEAF. Its parameters equal LEAF's (6,603,710 at 28x28, 62 classes).
+  as LEAF. Its parameters equal LEAF's (6,603,710 at 28x28, 62 classes). Departure: PyTorch's
+  initialisation, where LEAF's TF layers start from Glorot-uniform kernels and zero biases.
 - "char-lstm", "char-lstm:hidden=H": LEAF's Shakespeare model
   (models/shakespeare/stacked_lstm.py): Embedding(vocabulary, 8), two stacked LSTM
   layers of H = 256 units, the last time step's output is z (d_z = H; --d-z is
