@@ -34,7 +34,7 @@ CASES = {  # name: (arguments, the CPU twin's name)
                            "--norm", "group", "--dp", "clip=1,noise=1"], None),
     "fedavg dp-sgd cuda": (["--protocol", "fedavg", "--topology", "star", "--nodes", "9", "--rounds", "5",
                             "--norm", "group", "--dp", "clip=1,noise=1", "--device", "cuda"], "fedavg dp-sgd cpu"),
-    "mapl default cpu": (["--rounds", "10"], None),
+    "mapl default cpu": (["--rounds", "5"], None),
     "mapl default cuda": (["--rounds", "5", "--device", "cuda"], "mapl default cpu"),
 }
 # The study of experiments/natural_fortunes.yaml (FedAvg row) with LEAF's full 256-unit char-LSTM, 6 rounds.
