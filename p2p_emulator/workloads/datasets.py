@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .decoded import Dataset, DatasetError, cache_dir, disk_cached, make_dataset
+from .decoded import Dataset, DatasetError, cache_dir, disk_cached, make_dataset, stratified_holdout
 from .lazy import LazyModule
 
 torch = LazyModule("torch")
@@ -104,18 +104,8 @@ def _load_digits(root: str | None, download: bool) -> Dataset:
     digits = load_digits()
     images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
     labels = digits.target.astype(np.int64)
-    test = _stratified_holdout(labels, fraction=0.2, seed=0)
+    test = stratified_holdout(labels, fraction=0.2, seed=0)
     return make_dataset("digits", images[~test], labels[~test], images[test], labels[test], 10)
-
-
-def _stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
-    """Boolean mask holding out round(fraction * n_c) random samples of every class c."""
-    rng = np.random.default_rng(seed)
-    mask = np.zeros(len(labels), dtype=bool)
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        mask[rng.permutation(members)[: round(fraction * len(members))]] = True
-    return mask
 
 
 # ---------------------------------------------------------------- IDX (fashion-mnist)

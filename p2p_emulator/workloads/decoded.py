@@ -1,4 +1,5 @@
-"""Decoded datasets: the `Dataset` every loader returns, and the .npz cache of decoded files.
+"""Decoded datasets: the `Dataset` every loader returns, the .npz cache of decoded files, and the
+seeded test split of datasets that come without one (`stratified_holdout`).
 
 Loaders (datasets.py, leaf.py, user_files.py) build a Dataset with `make_dataset`, and wrap a slow
 decode in `disk_cached`: the arrays are kept as an uncompressed .npz under $XDG_CACHE_HOME/p2p-emulator
@@ -140,3 +141,13 @@ def _save_npz(path: Path, dataset: Dataset) -> None:
     except OSError:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+
+
+def stratified_holdout(labels: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask holding out round(fraction * n_c) random samples of every class c."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        mask[rng.permutation(members)[: round(fraction * len(members))]] = True
+    return mask

@@ -292,7 +292,6 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "small-resnet": _small_resnet,
     "small-dwsep": _small_dwsep,
     "small-mixer": _Mixer,
-    "leaf-cnn": _leaf_cnn,
 }
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .decoded import Dataset, DatasetError, make_dataset
+from .decoded import Dataset, DatasetError, make_dataset, stratified_holdout
 
 TEST_FRACTION = 0.2
 
@@ -86,7 +86,7 @@ def _owned_dataset(file: Path, x, y, owner, test) -> Dataset:
     renumber = np.empty(len(names), dtype=np.int64)
     renumber[first_seen] = np.arange(len(names))
     owner_index = renumber[owner_index.ravel()]
-    test = _holdout_per_owner(owner_index) if test is None else test.astype(bool)
+    test = stratified_holdout(owner_index, TEST_FRACTION, seed=0) if test is None else test.astype(bool)
     return make_dataset(f"file:{file}", x[~test], y[~test], x[test], y[test], int(y.max()) + 1, kind=kind,
                         vocabulary=vocabulary, owners=list(names[first_seen]), train_owner=owner_index[~test],
                         test_owner=owner_index[test])
@@ -101,12 +101,3 @@ def _sample_kind(file: Path, x: np.ndarray) -> tuple[str, np.ndarray, int]:
         return "tokens", x, int(x.max()) + 1
     raise DatasetError(f"{file}: x of {x.dtype} {x.shape} is none of uint8 images (N, [C,] H, W), "
                        f"float features (N, D) or non-negative integer tokens (N, L)")
-
-
-def _holdout_per_owner(owner: np.ndarray) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    test = np.zeros(len(owner), dtype=bool)
-    for o in range(owner.max() + 1):
-        members = np.flatnonzero(owner == o)
-        test[rng.permutation(members)[: round(TEST_FRACTION * len(members))]] = True
-    return test
