@@ -25,6 +25,7 @@ averages each tensor over itself and the neighbours that sent it, weighted by |D
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rich import box
 from rich.table import Table
@@ -94,23 +95,32 @@ class FedMNP2POptions(ModularOptions, TimeoutOptions, SGDOptions):
 
 # -- jobs: they run where the node's network lives
 
-def draw_decision(network, x, y, generator, batch_size: int = 1024) -> tuple[list[int], list[int]]:
-    """Step 2: Pi over the whole dataset (Eq. 10), u ~ U(0,1), V = 1 where u > 1 - Pi, kept on the network.
-    Returns V and the route, 1 where Pi > 1/2: the decision the client draws most often."""
+class Routing(NamedTuple):
+    """A client's round: V (drawn), its route (1 where Pi > 1/2: the V it draws most often), and Pi."""
+    decision: list[int]
+    route: list[int]
+    pi: list[float]
+
+
+def draw_decision(network, x, y, generator, batch_size: int = 1024) -> Routing:
+    """Step 2: Pi over the whole dataset (Eq. 10), u ~ U(0,1), V = 1 where u > 1 - Pi, kept on the network."""
     network.eval()
     with torch.no_grad():
         logits = sum(network.router(x[i:i + batch_size], y[i:i + batch_size]) * len(y[i:i + batch_size])
                      for i in range(0, len(y), batch_size)) / len(y)
     noise = torch.rand(logits.shape, generator=generator, device=logits.device)
     network.noise = noise
-    network.decision.copy_(modular.binary_concrete(torch.sigmoid(logits), noise, 1.0) > 0.5)
-    return [int(v) for v in network.decision.tolist()], [int(v > 0) for v in logits.tolist()]
+    pi = torch.sigmoid(logits)
+    network.decision.copy_(modular.binary_concrete(pi, noise, 1.0) > 0.5)
+    return Routing([int(v) for v in network.decision.tolist()], [int(v > 0) for v in logits.tolist()],
+                   [round(p, 4) for p in pi.tolist()])
 
 
-def wire_everything(network) -> tuple[list[int], list[int]]:
+def wire_everything(network) -> Routing:
     """Pretraining: every connection on."""
     network.decision.fill_(1.0)
-    return [1] * len(network.decision), [1] * len(network.decision)
+    ones = [1] * len(network.decision)
+    return Routing(ones, ones, [1.0] * len(ones))
 
 
 def routed_sgd(network, x, y, *, routed: bool, tau: float, generator, **options) -> tuple[float, int]:
@@ -212,8 +222,8 @@ class Modular(LearningProtocol):
         span = max(self.run_info.rounds - o.pretrain_rounds - 1, 1)
         return o.tau_start * (o.tau_end / o.tau_start) ** ((rnd - o.pretrain_rounds) / span)
 
-    async def decide(self, node, network, data) -> tuple[list[int], list[int]]:
-        """The round's decision V and route (see draw_decision)."""
+    async def decide(self, node, network, data) -> Routing:
+        """The round's decision V, route and Pi (see draw_decision)."""
         if not self.routed(node.round):
             return await node.compute(wire_everything, network, work=0)
         return await node.compute(draw_decision, network, data.train_x, data.train_y, node.torch_generator,
@@ -230,9 +240,9 @@ class Modular(LearningProtocol):
         state = layout.pick(await self.state(node, network), decision, self.routed(node.round))
         return {STATE: state, SAMPLES: len(data.train_y), DECISION: decision}
 
-    def report(self, node, decision: list[int], route: list[int], component, **metrics) -> None:
-        bits, route = "".join(map(str, decision)), "".join(map(str, route))
-        node.record("decisions", decision=bits, route=route, component=component)
+    def report(self, node, routing: Routing, component, **metrics) -> None:
+        bits, route = "".join(map(str, routing.decision)), "".join(map(str, routing.route))
+        node.record("decisions", decision=bits, route=route, component=component, pi=routing.pi)
         node.log(phase="fedmn" if self.routed(node.round) else "pretrain", decision=bits, route=route, **metrics)
 
     def summary(self, records):
@@ -320,7 +330,8 @@ class FedMN(Modular, FedAvg):
                 continue  # the server fell silent; or it is rounds ahead; or not sampled
             routed = self.routed(node.round)
             await node.compute(load_state, network, message.body[STATE], work=0)
-            decision, route = await self.decide(node, network, data)  # 2
+            routing = await self.decide(node, network, data)  # 2
+            decision = routing.decision
             if routed:
                 node.send(self.server, "decision", {DECISION: decision})
                 blocks = await node.gather("blocks", peers=[self.server], timeout=2 * o.timeout,
@@ -332,7 +343,7 @@ class FedMN(Modular, FedAvg):
             scores = await self.evaluate(node, network, data)  # 5
             body = await self.update(node, network, layout, decision, data)
             node.send(self.server, "update", body)
-            self.report(node, decision, route, data.cluster, train_loss=loss, params_sent=entry_count(body[STATE]), **scores)
+            self.report(node, routing, data.cluster, train_loss=loss, params_sent=entry_count(body[STATE]), **scores)
 
     async def run_no_rounds(self, node):
         if node.id != self.server:
@@ -355,14 +366,14 @@ class FedMNP2P(Modular):
         node.carry(CarriedModel(network))
         async for _ in node.rounds():
             routed = self.routed(node.round)
-            decision, route = await self.decide(node, network, data)
+            routing = await self.decide(node, network, data)
             loss = await self.train(node, network, data)
-            body = await self.update(node, network, layout, decision, data)
+            body = await self.update(node, network, layout, routing.decision, data)
             sent = entry_count(body[STATE]) * len(node.neighbours)
             node.broadcast("blocks", body)
             heard = await node.gather("blocks", timeout=o.timeout, valid=layout.update(routed))
             await node.compute(average_modules, network, [(body[SAMPLES], body[STATE])]
                                + [(m.body[SAMPLES], m.body[STATE]) for m in heard.values()], work=0)
-            self.report(node, decision, route, data.cluster, train_loss=loss, heard_from=len(heard),
+            self.report(node, routing, data.cluster, train_loss=loss, heard_from=len(heard),
                         params_sent=sent,
                         **await self.evaluate(node, network, data))

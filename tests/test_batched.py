@@ -1,14 +1,17 @@
 """--executor batched: the thread executor's traffic byte for byte, its models up to float rounding."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import types
 
 import pytest
 import torch
 
 from p2p_emulator.runs import run
-from emulator.compute import ThreadExecutor
+from emulator.clock import VirtualClock
+from emulator.compute import BatchedExecutor, Compute, ComputeModel, ThreadExecutor
 from tests.conftest import assert_refused
 from p2p_emulator.workloads import batched
 from p2p_emulator.workloads.models import build_model
@@ -52,7 +55,7 @@ def _metrics(out):
 @pytest.mark.parametrize("name", list(RUNS))
 def test_batched_runs_send_the_thread_runs_bytes_and_train_the_same_models(name, tmp_path, final_models):
     settings = {**QUIET, **RUNS[name]}
-    thread = run(**settings, out=str(tmp_path / "thread"))
+    run(**settings, out=str(tmp_path / "thread"))
     batch = run(**settings, executor="batched", out=str(tmp_path / "batched"))
     assert batch.summary["executor"]["batched_jobs"] > 0
     for name_ in TRAFFIC:
@@ -101,9 +104,43 @@ def test_unbatchable_jobs_run_unchanged(tmp_path):
     assert thread.summary["final"]["test_acc"] == pytest.approx(batch.summary["final"]["test_acc"], abs=1e-6)
 
 
-def test_measured_compute_time_shares_a_batch_among_its_jobs(tmp_path):
-    result = run(**QUIET, **RUNS["dfedavgm"], executor="batched", compute_time="measured", out=str(tmp_path / "m"))
-    assert result.summary["executor"]["batched_jobs"] > 0 and result.summary["final"]["test_acc"] > 0
+def test_measured_compute_time_charges_each_job_an_equal_share_of_its_batch(monkeypatch):
+    """docs/batched.md, Emulated time: with --compute-time measured each job of a batch is charged the batch's
+    wall time over the number of jobs in it, times --compute-factor and its node's slowdown; a job alone in
+    its batch is charged its own wall time. The executor's wall clock is a fake one that only the jobs move:
+    batch "a" (4 jobs) takes 8 s, batch "b" (2 jobs) 3 s, and "c" (1 job, run as fn itself) 0.75 s."""
+    wall = [100.0]
+    monkeypatch.setattr("emulator.compute.time", types.SimpleNamespace(perf_counter=lambda: wall[0]))
+    took = {"a": 8.0, "b": 3.0, "c": 0.75}
+
+    def job(x, group):
+        wall[0] += took[group]
+        return 10 * x
+
+    def together(calls):
+        wall[0] += took[calls[0][0][1]]
+        return [10 * x for (x, _), _ in calls]
+
+    groups = ["a", "a", "b", "a", "c", "b", "a"]  # node i's job joins batch groups[i]
+    slowdowns = (1.0, 2.0, 0.5, 4.0, 1.0, 3.0, 0.25)
+    executor = BatchedExecutor(1, {job: types.SimpleNamespace(key=lambda x, group: group, run=together)}, {})
+    clock = VirtualClock()
+    compute = Compute(ComputeModel("measured", 0.0, 1.5, slowdowns), clock, executor=executor)
+
+    async def node(i):
+        return await compute.run(i, job, (i, groups[i]), {}, work=1.0), clock.now
+
+    async def every_node():
+        return await asyncio.gather(*(node(i) for i in range(len(groups))))
+
+    with executor:
+        finished = clock.run(every_node())
+        # a: 8 / 4 = 2 s each, b: 3 / 2 = 1.5 s each, c: 0.75 s; times 1.5 and the node's slowdown
+        charged = [3.0, 6.0, 1.125, 12.0, 1.125, 6.75, 0.75]
+        assert finished == [(10 * i, t) for i, t in enumerate(charged)]
+        assert compute.busy_seconds == charged
+        assert executor.stats() == {"kind": "batched", "job_seconds": {"job": 0.75, "job (batched)": 11.0},
+                                    "batches": 2, "batched_jobs": 6}
 
 
 # -- the batched jobs against the plain ones, outside any run

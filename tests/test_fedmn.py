@@ -8,7 +8,8 @@ import torch
 
 from p2p_emulator.cli import main
 from emulator import wire
-from protocols.fedmn import average_modules, routed_sgd
+from protocols.fedmn import average_modules, draw_decision, routed_sgd
+from experiments.fedmn_routing import spread
 from tests.conftest import assert_one_line_error
 from p2p_emulator.workloads.modular import active_modules, binary_concrete, build_modular, connections
 from p2p_emulator.workloads.partitions import make_partition
@@ -157,15 +158,31 @@ def test_only_active_modules_and_a_trained_hypernetwork_cross_the_wire_exactly(s
     assert phases["pretrain"]["bytes_sent"] + phases["fedmn"]["bytes_sent"] == summary["bytes_total"]
 
 
-def test_a_frozen_router_keeps_each_clients_route_and_trains_no_hypernetwork(star):
-    _, metrics, out, args = star
-    routes = {}
-    for row in metrics:
-        if row.get("phase") == "fedmn" and "route" in row:
-            routes.setdefault(row["node"], set()).add(row["route"])
-    assert len(routes) == 6
-    if args[-1] == "frozen":  # Pi from the initial hypernetwork: the same every round
-        assert all(len(seen) == 1 for seen in routes.values())
+def test_a_frozen_router_keeps_each_clients_pi_and_a_trained_one_moves_it(star):
+    _, _, out, args = star
+    pis = {}  # node -> its Pi in routed rounds 1, 2, 3
+    for row in _jsonl(out / "decisions.jsonl"):
+        if row["round"] >= 1:
+            pis.setdefault(row["node"], []).append(row["pi"])
+    assert sorted(pis) == list(range(1, 7)) and all(len(seen) == 3 for seen in pis.values())
+    frozen = args[-1] == "frozen"  # Pi from the initial hypernetwork on the client's own data: the same every round
+    assert all((seen[0] == seen[1] == seen[2]) == frozen for seen in pis.values())
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_the_hypernetwork_trains_only_in_a_routed_round(routed):
+    network = _network()
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 1, 8, 8, generator=generator), torch.randint(0, 10, (8,), generator=generator)
+    draw_decision(network, x, y, generator)
+    network.decision.fill_(1.0)
+    before = float_state(network)
+    routed_sgd(network, x, y, routed=routed, tau=1.0, generator=generator, epochs=1, steps=0, lr=0.1, momentum=0.9,
+               weight_decay=5e-4, batch_size=4)
+    changed = {k for k, v in float_state(network).items() if not torch.equal(before[k], v)}
+    router = {k for k in before if k.startswith("router.")}
+    assert changed - router == set(before) - router  # every module trains either way
+    assert changed & router == (router if routed else set())
 
 
 def test_an_empty_decision_under_a_frozen_router_trains_nothing():
@@ -187,13 +204,20 @@ def test_a_seed_gives_the_same_run(star, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_clients_of_a_component_end_with_its_decision(tmp_path, seed):
-    summary, metrics = _run(tmp_path / "mix", *SMALL, "--protocol", "fedmn", "--topology", "star", "--nodes", "11",
-                            "--rounds", "24", "--pretrain-rounds", "4", "--partition", "mixture:components=2",
-                            "--seed", str(seed))
-    assert summary["route_agreement"] >= 0.8
-    last = [r for r in metrics if r["round"] == 23 and "decision" in r]
-    assert len(last) == 10
+def test_the_trained_router_reads_each_component_yet_wires_every_one_fully(tmp_path, seed):
+    """Not the paper's component-specific routes: docs/fedmn.md, "What the router learns"."""
+    out = tmp_path / "mix"
+    summary, _ = _run(out, *SMALL, "--protocol", "fedmn", "--topology", "star", "--nodes", "11", "--rounds", "24",
+                      "--pretrain-rounds", "4", "--partition", "mixture:components=2", "--seed", str(seed))
+    rows = _jsonl(out / "decisions.jsonl")
+    by_round = {t: [row for row in rows if row["round"] == t] for t in range(4, 24)}
+    assert all(len(clients) == 10 for clients in by_round.values())
+    for clients in by_round.values():  # Pi is a function of the client's data: it sets the components apart
+        between, within = spread(clients)
+        assert between > 3 * within
+    mean_pi = {t: np.mean([row["pi"] for row in clients]) for t, clients in by_round.items()}
+    assert mean_pi[4] < 0.6 and mean_pi[23] > 0.8  # ... but every connection's Pi rises, on every component
+    assert summary["majority_routes"] == {"0": "1" * 10, "1": "1" * 10} and summary["route_agreement"] == 1.0
 
 
 def test_fedmn_p2p_runs_under_churn_without_deadlock(tmp_path):
