@@ -204,20 +204,23 @@ def test_a_seed_gives_the_same_run(star, tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_trained_router_reads_each_component_yet_wires_every_one_fully(tmp_path, seed):
+def test_the_trained_router_reads_each_component_yet_routes_them_alike(tmp_path, seed):
     """Not the paper's component-specific routes: docs/fedmn.md, "What the router learns"."""
     out = tmp_path / "mix"
     summary, _ = _run(out, *SMALL, "--protocol", "fedmn", "--topology", "star", "--nodes", "11", "--rounds", "24",
                       "--pretrain-rounds", "4", "--partition", "mixture:components=2", "--seed", str(seed))
     rows = _jsonl(out / "decisions.jsonl")
-    by_round = {t: [row for row in rows if row["round"] == t] for t in range(4, 24)}
-    assert all(len(clients) == 10 for clients in by_round.values())
+    by_round = {t: {row["node"]: row for row in rows if row["round"] == t} for t in range(4, 24)}
+    assert all(sorted(clients) == list(range(1, 11)) for clients in by_round.values())
     for clients in by_round.values():  # Pi is a function of the client's data: it sets the components apart
-        between, within = spread(clients)
-        assert between > 3 * within
-    mean_pi = {t: np.mean([row["pi"] for row in clients]) for t, clients in by_round.items()}
-    assert mean_pi[4] < 0.6 and mean_pi[23] > 0.8  # ... but every connection's Pi rises, on every component
-    assert summary["majority_routes"] == {"0": "1" * 10, "1": "1" * 10} and summary["route_agreement"] == 1.0
+        between, within = spread(list(clients.values()))
+        assert between > max(1.5 * within, 1e-3)  # 1e-3: ten times the resolution Pi is recorded at
+    first, last = by_round[4], by_round[23]  # ... but Pi rises on every component alike
+    rose = [b > a for n in first for a, b in zip(first[n]["pi"], last[n]["pi"])]
+    assert sum(rose) >= 0.9 * len(rose)
+    assert np.mean([row["pi"] for row in last.values()]) > np.mean([row["pi"] for row in first.values()]) + 0.2
+    assert summary["majority_routes"]["0"] == summary["majority_routes"]["1"]
+    assert summary["route_agreement"] == 1.0
 
 
 def test_fedmn_p2p_runs_under_churn_without_deadlock(tmp_path):
