@@ -10,6 +10,7 @@ from p2p_emulator.cli import main
 from tests.conftest import assert_one_line_error
 from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.training import float_state
+from protocols.gossip_learning import merge_weight
 
 N = 16
 RING16 = ["--topology", "ring", "--nodes", str(N), "--dataset", "digits", "--partition", "iid",
@@ -78,10 +79,24 @@ def test_train_on_receipt_only_skips_silent_rounds(tmp_path):
     assert all(("train_loss" in r) == (r["heard_from"] > 0) for r in metrics)
 
 
-def test_age_weighted_merge_learns(tmp_path):
-    summary, _ = _run(tmp_path / "age", "--protocol", "gossip-learning", "--rounds", "40", "--eval-every", "40",
-                      "--merge", "age")
-    assert summary["final"]["test_acc"] >= 0.8
+def test_merge_weight_is_the_received_models_share_of_the_ages():
+    """merge_weight(how, age, other_age): the weight of the received model (age other_age)."""
+    assert (merge_weight("age", 3, 1), merge_weight("age", 1, 3), merge_weight("age", 0, 0),
+            merge_weight("average", 3, 1)) == (0.25, 0.75, 0.5, 0.5)
+
+
+def test_age_merge_departs_from_average_once_ages_differ(tmp_path):
+    """On a fault-free ring every node trains every round, so all ages are equal and --merge age gives the
+    same files as --merge average. With --train-on-receipt-only a node that hears nothing keeps its age, so
+    ages differ from then on: the same pushes (the neighbours are drawn alike), other models."""
+    tiny = ["--protocol", "gossip-learning", "--nodes", "4", "--rounds", "3", "--train-on-receipt-only"]
+    _, by_age = _run(tmp_path / "age", *tiny, "--merge", "age")
+    _, halfway = _run(tmp_path / "average", *tiny, "--merge", "average")
+    assert [(r["round"], r["node"], r["heard_from"]) for r in by_age] == [
+        (r["round"], r["node"], r["heard_from"]) for r in halfway]
+    assert any(r["heard_from"] == 0 for r in by_age if r["round"] < 2)  # a node skipped training: ages differ
+    assert [r for r in by_age if r["round"] == 0] == [r for r in halfway if r["round"] == 0]  # all ages 0: 1/2
+    assert [r for r in by_age if r["round"] == 2] != [r for r in halfway if r["round"] == 2]
 
 
 def test_an_unknown_merge_exits_2_with_one_line(tmp_path, capsys):

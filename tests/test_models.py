@@ -162,10 +162,12 @@ def test_group_norm_replaces_every_batch_norm(name, node):
 
 
 def test_group_counts():
-    for c in [1, 2, 3, 16, 24, 48, 64, 116, 192, 464, 1024, 4096]:
-        g = _num_groups(c)
-        assert c % g == 0 and 1 <= g <= 32
-        assert c < 4 or c // g >= 4
+    """The most groups, at most 32, that split the channels evenly with at least 4 channels each, else 1
+    (fewer than 8 channels, or a prime count); 116 = 4 * 29 and 464 = 16 * 29: no count from 30 to 32 divides."""
+    channels = [1, 2, 3, 4, 7, 8, 11, 16, 24, 48, 64, 116, 192, 464, 1024, 4096]
+    assert {c: _num_groups(c) for c in channels} == {
+        1: 1, 2: 1, 3: 1, 4: 1, 7: 1, 8: 2, 11: 1, 16: 4, 24: 6, 48: 12, 64: 16, 116: 29, 192: 32, 464: 29,
+        1024: 32, 4096: 32}
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from p2p_emulator.cli import main
 from p2p_emulator.workloads import batched, privacy, prototypes, text
 from p2p_emulator.workloads.model_specs import ModelError
 from p2p_emulator.workloads.models import build_model, parameter_count
+from tests.test_privacy import _library_epsilon  # opacus's RDPAccountant, stepped one step at a time
 
 V = text.VOCABULARY  # 81: LEAF's 80 characters and one unknown id; the classes are the same ids
 SMALL = "char-lstm:hidden=16"
@@ -175,5 +176,12 @@ def test_dp_sgd_runs_char_lstm_and_accounts_each_node(tmp_path, fortunes_root):
     out = tmp_path / "dp"
     assert main(["--protocol", "dfedavgm", "--topology", "ring", "--nodes", "4", "--model", SMALL,
                  "--dp", "clip=1,noise=1", *fortunes(fortunes_root), "--out", str(out)]) == 0
+    samples = [sum(node["train"].values()) for node in json.loads((out / "partition.json").read_text())["nodes"]]
+    assert samples == [60] * 4
+    rows = [json.loads(line) for line in (out / "privacy.jsonl").read_text().splitlines()]
+    assert sorted((r["round"], r["node"]) for r in rows) == [(r, i) for r in range(2) for i in range(4)]
+    for row in rows:  # one epoch a round: round(60 / 32) = 2 steps of batch 32, sampled at rate 32 / 60
+        assert (row["steps"], row["delta"], row["noise"]) == (2 * (row["round"] + 1), 1 / 60, 1.0)
+        assert row["epsilon"] == pytest.approx(_library_epsilon(1.0, 32 / 60, row["steps"], 1 / 60), rel=1e-12)
     epsilons = json.loads((out / "summary.json").read_text())["privacy"]["epsilon"]
-    assert len(epsilons) == 4 and all(e > 0 for e in epsilons.values())
+    assert epsilons == {str(r["node"]): r["epsilon"] for r in rows if r["round"] == 1}
