@@ -12,7 +12,7 @@ from p2p_emulator.analysis.rundir import LINK_COLUMNS
 from p2p_emulator.cli import main
 from emulator.ledger import LINK_COUNTERS
 from emulator.protocol import protocols
-from tests.conftest import assert_one_line_error
+from tests.conftest import assert_one_line_error, assert_refused
 
 GOSSIP = ["--topology", "ring", "--protocol", "gossip", "--nodes", "16", "--rounds", "20",
           "--latency", "10ms", "--bandwidth", "1Mbps", "--trace", "--quiet", "--no-plots"]
@@ -95,13 +95,16 @@ def test_config_file_reruns_and_flags_override_it(tmp_path, gossip_run):
 def test_toml_config(tmp_path):
     (tmp_path / "run.toml").write_text('protocol = "gossip"\nnodes = 4\nrounds = 2\ntopology = "line"\n')
     assert main(["--config", str(tmp_path / "run.toml"), "--quiet", "--no-plots", "--out", str(tmp_path / "r")]) == 0
+    config = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert (config["protocol"], config["nodes"], config["rounds"], config["topology"]) == ("gossip", 4, 2, "line")
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["nodes"] == 4
+    assert len(_rows(tmp_path / "r" / "metrics.jsonl")) == 4 * 2
 
 
 BAD_INPUT = [
     (["--nodes", "many"], "--nodes"),
     (["--latency", "fast"], "--latency"),
-    (["--bandwidth", "-3Mbps"], "--bandwidth"),
+    (["--bandwidth=-3Mbps"], "--bandwidth: bandwidth '-3Mbps' must be positive"),  # "--bandwidth -3Mbps" is argparse's
     (["--loss", "1.5"], "--loss"),
     (["--clock", "sundial"], "--clock"),
     (["--topology", "moebius"], "moebius"),
@@ -118,9 +121,7 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize("args,named", BAD_INPUT)
 def test_bad_input_exits_2_with_one_line(args, named, tmp_path, capsys):
-    assert main(["--protocol", "gossip", "--quiet", "--out", str(tmp_path / "r"), *args]) == 2
-    assert_one_line_error(capsys, named)
-    assert not (tmp_path / "r" / "summary.json").exists()
+    assert_refused(capsys, ["--protocol", "gossip", "--quiet", *args], named, tmp_path / "r")
 
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
@@ -128,18 +129,18 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "emulate: error: --latency: unknown latency model 'fast' (use a duration, uniform, normal or lognormal)"
+    assert not (tmp_path / "r").exists()
 
 
-def test_bad_config_value_exits_2(tmp_path):
+def test_bad_config_value_exits_2(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("protocol: gossip\nrounds: lots\n")
-    assert main(["--config", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "r")]) == 2
+    assert_refused(capsys, ["--config", str(tmp_path / "bad.yaml")], "--rounds 'lots'", tmp_path / "r")
 
 
 def test_list_protocols(capsys):
     assert main(["--list-protocols"]) == 0
-    listed = capsys.readouterr().out
-    for name in ("gossip", "dfedavgm", "dpsgd", "local"):
-        assert name in listed
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert sorted(listed) == sorted(protocols()) and {"gossip", "dfedavgm", "dpsgd", "local"} <= set(listed)
 
 
 LEARNING_BAD_INPUT = [
@@ -159,10 +160,8 @@ LEARNING_BAD_INPUT = [
 def test_bad_workload_input_exits_2_with_one_line(args, named, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    assert main(["--protocol", "dfedavgm", "--nodes", "4", "--rounds", "1", "--quiet", "--no-plots",
-                 "--out", str(tmp_path / "r"), *args]) == 2
-    assert_one_line_error(capsys, named.replace("{tmp}", str(tmp_path)))
-    assert not (tmp_path / "r" / "summary.json").exists()
+    assert_refused(capsys, ["--protocol", "dfedavgm", "--nodes", "4", "--rounds", "1", "--quiet", "--no-plots", *args],
+                   named.replace("{tmp}", str(tmp_path)), tmp_path / "r")
 
 
 def test_rounds_zero_builds_partition_and_evaluates_once(tmp_path):
@@ -177,7 +176,10 @@ def test_rounds_zero_builds_partition_and_evaluates_once(tmp_path):
         assert n["cluster"] == (0 if n["node"] < 10 else 1)
         assert n["train"] == {str(c): 300 for c in classes} and n["test"] == {str(c): 15 for c in classes}
     metrics = _rows(out / "metrics.jsonl")
-    assert len(metrics) == 20 and all(0 <= r["test_acc"] <= 1 for r in metrics)
+    assert sorted((r["round"], r["node"]) for r in metrics) == [(0, node) for node in range(20)]  # once, each
+    assert all(0 <= r["test_acc"] <= 1 and 75 * r["test_acc"] == pytest.approx(round(75 * r["test_acc"]))
+               for r in metrics)  # a share of its 5 x 15 test samples
+    assert json.loads((out / "summary.json").read_text())["messages_total"] == 0
 
 
 def _help_defaults(text: str, protocol: str, flag: str) -> str:

@@ -7,6 +7,9 @@ import torch
 
 from emulator import wire
 from p2p_emulator.cli import main
+from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.training import float_state
+from tests.conftest import assert_refused
 from protocols.mapl import CollaborationRow, MapLOptions, dissimilarity, learn_row, project_simplex
 
 K = 10  # digits
@@ -27,13 +30,16 @@ def train_counts(out) -> dict[int, int]:
     return {n["node"]: sum(n["train"].values()) for n in nodes}
 
 
-def expected_size(rnd: int, samples: int, d_p: int, d_z: int | None) -> int:
-    """The encoded frame of an equivalent MAPL message: K x d_p prototypes (+ K x d_z classifier)."""
+def expected_size(rnd: int, samples: int, d_p: int, d_z: int | None, backbone: dict | None = None) -> int:
+    """The encoded frame of an equivalent MAPL message: K x d_p prototypes (+ K x d_z classifier, + the
+    backbone's float state for mapl+)."""
     body = {"prototypes": torch.zeros(K, d_p)}
     if d_z is not None:
         body["classifier"] = torch.zeros(K, d_z)
     if rnd == 0:
         body["samples"] = samples
+    if backbone is not None:
+        body["backbone"] = backbone
     return len(wire.encode(["mapl", rnd, body]))
 
 
@@ -81,19 +87,23 @@ def test_messages_are_prototypes_then_classifier_and_framing(clusters):
 
 def test_zero_weight_links_go_silent(clusters):
     out, _ = clusters
+    cluster = {n["node"]: n["cluster"] for n in json.loads((out / "partition.json").read_text())["nodes"]}
     zero_since = {}
     for row in jsonl(out / "graph.jsonl"):
         for j, w in row["weights"].items():
             if w == 0 and (row["node"], int(j)) not in zero_since:
                 zero_since[row["node"], int(j)] = row["round"]
-    assert len(zero_since) >= 10 * 5  # the other cluster at least
+    across = {(i, j) for i in cluster for j in cluster if cluster[i] != cluster[j]}
+    assert len(across) == 10 * 5 and across <= set(zero_since)  # the other cluster at least
     messages = jsonl(out / "messages.jsonl")
     for m in messages:
         dropped = zero_since.get((m["src"], m["dst"]))
         assert dropped is None or m["round"] <= dropped
     # the only traffic on a link in the round it is dropped, besides the data, is a tiny drop notice
     notices = [m for m in messages if m["kind"] == "drop"]
-    assert notices and all(m["bytes"] < 64 and m["round"] == zero_since[m["src"], m["dst"]] for m in notices)
+    assert notices and all(m["bytes"] == len(wire.encode(["drop", m["round"], None]))
+                           and m["round"] == zero_since[m["src"], m["dst"]] for m in notices)
+    assert len(notices) == len(zero_since) and {(m["src"], m["dst"]) for m in notices} == set(zero_since)  # once each
 
 
 def test_no_data_crosses_the_clusters_once_the_graph_has_settled(clusters):
@@ -134,16 +144,32 @@ def test_paper_backbones_run_end_to_end(tmp_path):
     models = [n["model"] for n in json.loads((tmp_path / "partition.json").read_text())["nodes"]]
     assert models == ["resnet18", "shufflenet", "googlenet", "alexnet"]
     rows = jsonl(tmp_path / "metrics.jsonl")
-    assert len(rows) == 8 and all(0 <= r["test_acc"] <= 1 and r["train_loss"] > 0 for r in rows)
-    assert summary["final"]["heard_from"] > 0
+    assert sorted((r["round"], r["node"]) for r in rows) == [(rnd, node) for rnd in range(2) for node in range(4)]
+    assert all(0 <= r["test_acc"] <= 1 and 0 < r["train_loss"] < float("inf") for r in rows)
+    assert all(r["heard_from"] == 3 for r in rows) and summary["final"]["heard_from"] == 3  # the mesh of 4
+    counts = train_counts(tmp_path)
+    messages = jsonl(tmp_path / "messages.jsonl")
+    assert len(messages) == 2 * 4 * 3 and all(m["kind"] == "mapl" for m in messages)
+    for m in messages:  # every architecture maps to the same d_z = 32: the classifiers are K x 32 from T_thr = 1
+        assert m["bytes"] == expected_size(m["round"], counts[m["src"]], 16, 32 if m["round"] >= 1 else None), m
 
 
-def test_mapl_plus_sends_and_averages_backbones_only_when_homogeneous(tmp_path):
-    assert main(["--protocol", "mapl+", "--model", "hetero-small", "--quiet", "--out", str(tmp_path / "bad")]) == 2
-    summary = emulate(tmp_path, "--protocol", "mapl+", "--model", "mlp", "--nodes", "2", "--rounds", "1",
+def test_mapl_plus_sends_and_averages_backbones_only_when_homogeneous(tmp_path, capsys):
+    assert_refused(capsys, ["--protocol", "mapl+", "--model", "hetero-small", "--quiet"],
+                   "mapl+ averages backbones: --model hetero-small gives nodes different architectures", tmp_path / "bad")
+    out = tmp_path / "run"
+    summary = emulate(out, "--protocol", "mapl+", "--model", "mlp", "--nodes", "2", "--rounds", "1",
                       "--d-z", "32", "--d-p", "16", "--projection-hidden", "32")
-    backbone = 4 * (64 * 256 + 256 + 256 * 32 + 32)  # the mlp backbone's floats on 8x8 digits
-    assert summary["bytes_total"] > 2 * backbone
+    backbone = float_state(build_model("mlp", (1, 8, 8), K, d_z=32, d_p=16, hidden=32).backbone)
+    assert {k: tuple(t.shape) for k, t in backbone.items()} == {  # Linear(64, 256), ReLU, Linear(256, d_z)
+        "1.weight": (256, 64), "1.bias": (256,), "3.weight": (32, 256), "3.bias": (32,)}
+    counts = train_counts(out)
+    messages = jsonl(out / "messages.jsonl")
+    # 1 round, T_thr = 1 // 4 = 0: each node sends the other its prototypes, classifier, samples and backbone
+    assert sorted((m["src"], m["dst"], m["kind"], m["round"]) for m in messages) == [(0, 1, "mapl", 0), (1, 0, "mapl", 0)]
+    for m in messages:
+        assert m["bytes"] == expected_size(0, counts[m["src"]], 16, 32, backbone), m
+    assert summary["bytes_total"] == sum(m["bytes"] for m in messages) and summary["messages_total"] == 2
 
 
 def test_project_simplex():

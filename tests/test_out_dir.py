@@ -40,6 +40,11 @@ def test_overwrite_leaves_no_file_of_the_old_run(tmp_path):
 
 def test_an_empty_out_directory_is_used(tmp_path):
     assert main([*GOSSIP, "--no-plots", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "links.csv", "metrics.jsonl", "summary.json"]
+    run = read_run(tmp_path)
+    assert (run.summary["nodes"], run.summary["rounds"], run.config["out"]) == (4, 2, str(tmp_path))
+    assert sorted((row["round"], row["node"]) for row in run.metrics) == [(r, n) for r in range(2) for n in range(4)]
+    assert len(run.links) == 4 * 3  # gossip's default topology, the mesh: every ordered pair
 
 
 @pytest.mark.parametrize("where,named", [("file", "not a directory"), ("file/run", "Not a directory")])
@@ -47,6 +52,7 @@ def test_out_paths_that_cannot_be_a_directory_are_one_line_errors(tmp_path, caps
     (tmp_path / "file").write_text("")
     assert main([*GOSSIP, "--out", str(tmp_path / where)]) == 2
     assert_one_line_error(capsys, named)
+    assert [p.name for p in tmp_path.iterdir()] == ["file"] and (tmp_path / "file").read_text() == ""  # untouched
 
 
 # The run starts as from a terminal, with Ctrl-C's default handling (Python's KeyboardInterrupt), even where the
@@ -80,10 +86,11 @@ class _Forked:
         self.process.join()
 
 
-def _wait_for(path, run: subprocess.Popen | _Forked) -> None:
+def _wait_for(path, run: subprocess.Popen | _Forked, lines: int = 0) -> None:
+    """Until `path` exists and holds `lines` whole lines."""
     deadline = time.monotonic() + 60
-    while not path.exists():
-        assert run.poll() is None and time.monotonic() < deadline, f"the run never wrote {path.name}"
+    while not (path.exists() and path.read_bytes().count(b"\n") >= lines):
+        assert run.poll() is None and time.monotonic() < deadline, f"the run never wrote {lines} lines of {path.name}"
         time.sleep(0.01)
 
 
@@ -93,7 +100,9 @@ def test_a_signal_ends_a_run_with_one_line_and_keeps_its_rounds(tmp_path, capsys
     run = _start(["--protocol", "gossip", "--topology", "regular:d=4", "--nodes", "2000", "--rounds", "100000",
                   "--quiet", "--out", out])
     try:
-        _wait_for(out / "metrics.jsonl", run)  # a round has closed
+        # A round has closed once its 2000 rows are on disk: the file exists from the os.open before their
+        # write, and a signal in between (a busy machine can pause the run there) left 0 rounds to keep.
+        _wait_for(out / "metrics.jsonl", run, lines=2000)
         run.send_signal(sig)
         _, err = run.communicate(timeout=60)
     finally:
