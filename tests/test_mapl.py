@@ -154,7 +154,7 @@ def test_paper_backbones_run_end_to_end(tmp_path):
         assert m["bytes"] == expected_size(m["round"], counts[m["src"]], 16, 32 if m["round"] >= 1 else None), m
 
 
-def test_mapl_plus_sends_and_averages_backbones_only_when_homogeneous(tmp_path, capsys):
+def test_mapl_plus_sends_backbones_only_when_homogeneous(tmp_path, capsys):
     assert_refused(capsys, ["--protocol", "mapl+", "--model", "hetero-small", "--quiet"],
                    "mapl+ averages backbones: --model hetero-small gives nodes different architectures", tmp_path / "bad")
     out = tmp_path / "run"
