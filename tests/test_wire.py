@@ -392,6 +392,13 @@ def test_tampered_tensor_descriptor(edit):
     refused_behind_the_checksum(join(edit_ext(header, edit), data))
 
 
+@pytest.mark.parametrize("name", ["float99", b"float32", None])
+def test_an_unknown_dtype_is_named(name):
+    header, data = split(sample_frame())
+    edited = edit_ext(header, lambda c, f: (c, [name, *f[1:]]))
+    assert refused_behind_the_checksum(join(edited, data)) == f"unknown dtype {name!r}"
+
+
 @pytest.mark.parametrize("codec, scale, as_numpy, name", [
     ("q9", 1.0, False, "float32"), ("q8", float("nan"), False, "float32"),
     ("q8", -1.0, False, "float32"), ("q8", 1, False, "float32"), ("q8", None, False, "float32"),
