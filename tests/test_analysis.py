@@ -2,6 +2,8 @@
 import csv
 import functools
 import json
+import math
+import shlex
 import shutil
 import statistics
 from pathlib import Path
@@ -281,11 +283,23 @@ def test_a_bad_grid_file_exits_2_with_one_line(text, named, tmp_path, capsys, mo
     assert not (tmp_path / "runs").exists()
 
 
-def test_ready_made_experiments_are_valid_grids():
+def test_ready_made_experiments_are_valid_grids(tmp_path, capsys, monkeypatch):
+    """--dry-run on each: one `todo  emulate ... --out OUT/RUN` line per combination of its (sub-)grids' axes,
+    each run in its own directory under the grid's out, and nothing written (from an empty folder: all todo)."""
     grids = sorted(Path(__file__).parent.parent.joinpath("experiments").glob("*.yaml"))
     assert grids
+    monkeypatch.chdir(tmp_path)
     for grid in grids:
         assert main(["sweep", "--grid", str(grid), "--dry-run"]) == 0, grid
+        lines = capsys.readouterr().out.splitlines()
+        data = yaml.safe_load(grid.read_text())
+        subgrids = data["grid"] if isinstance(data["grid"], list) else [data["grid"]]
+        assert len(lines) == sum(math.prod(map(len, axes.values())) for axes in subgrids), grid
+        assert all(line.startswith("todo  emulate --") for line in lines), grid
+        outs = [Path(argv[argv.index("--out") + 1]) for argv in map(shlex.split, lines)]
+        assert len(set(outs)) == len(outs), grid
+        assert {out.parent for out in outs} == {Path(data.get("out") or f"runs/sweep-{grid.stem}")}, grid
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_sweeps_round_plot_joins_the_scored_rounds_of_eval_every():

@@ -10,7 +10,8 @@ import yaml
 from p2p_emulator.cli import main
 from emulator import wire
 from emulator.errors import UsageError
-from protocols.compression import CONSENSUS_STEPS, Operator, PublicCopies, index_type
+from protocols import compression, dfedavgm
+from protocols.compression import CONSENSUS_STEPS, Operator, PublicCopies, index_type, weighted_differences
 from tests.conftest import assert_refused
 from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.training import float_state
@@ -96,11 +97,22 @@ def test_bad_flags_give_one_line_and_no_run_directory(flags, named, tmp_path, ca
     (["--protocol", "dpsgd", "--sparsify", "topk:0.01", "--error-feedback"], CONSENSUS_STEPS["deepsqueeze"]["topk"]),
     (["--protocol", "dpsgd", "--sparsify", "topk:0.01"], None),  # DCD-PSGD takes no step
 ])
-def test_the_consensus_step_follows_the_operator_unless_given(flags, step, tmp_path):
+def test_the_consensus_step_follows_the_operator_unless_given(flags, step, tmp_path, monkeypatch):
+    # every consensus step the run takes (CHOCO's and DCD-PSGD's through PublicCopies.consensus, DeepSqueeze's
+    # directly), as the protocol passes it
+    used = []
+
+    def spy(own, rows, gamma):
+        used.append(gamma)
+        return weighted_differences(own, rows, gamma)
+
+    monkeypatch.setattr(compression, "weighted_differences", spy)
+    monkeypatch.setattr(dfedavgm, "weighted_differences", spy)
     assert main([*RING, "--nodes", "3", "--rounds", "1", "--model", "mlp:hidden=8", *flags,
                  "--out", str(tmp_path / "run")]) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["consensus_step"] == step
-    assert CONSENSUS_STEPS["choco"]["topk"] < CONSENSUS_STEPS["choco"]["sign"]  # sparse operators take smaller steps
+    # each of the 3 nodes steps once (DCD-PSGD takes no step: it mixes its replicas with the whole weights)
+    assert used == [1.0 if step is None else step] * 3
 
 
 def test_received_bodies_are_checked_before_use():

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import networkx as nx
 import numpy as np
 import pytest
+import yaml
 
 import topologies
 from emulator.compute import ThreadExecutor
@@ -49,20 +50,23 @@ CHURN20 = ["--nodes", "20", "--topology", "regular:d=4", "--dataset", "digits", 
            "--churn", "up=0.7s,down=0.3s", "--timeout", "0.3"]
 
 
-@pytest.mark.parametrize("protocol,extra", [
-    ("dfedavgm", []),
-    ("mapl", ["--d-z", "16", "--d-p", "16", "--projection-hidden", "32", "--local-epochs", "1"]),
+# The final mean test accuracy measured over seeds 0-3: dfedavgm 0.75-0.80, mapl 0.45-0.49 (chance: 0.1).
+@pytest.mark.parametrize("protocol,extra,bar", [
+    ("dfedavgm", [], 0.6),
+    ("mapl", ["--d-z", "16", "--d-p", "16", "--projection-hidden", "32", "--local-epochs", "1"], 0.3),
 ])
-def test_churn_every_node_completes_every_round(tmp_path, protocol, extra):
+def test_churn_every_node_completes_every_round(tmp_path, protocol, extra, bar):
     run = _run(tmp_path / protocol, "--protocol", protocol, *CHURN20, *extra)
+    # each node closes each round once, in order, and scores its model in it
     assert _rounds_by_node(run["metrics"]) == {i: list(range(6)) for i in range(20)}
+    assert all("test_acc" in row for row in run["metrics"])
     assert run["summary"]["dropped_offline"] > 0
     outages = _jsonl(run["out"] / "availability.jsonl")
     down = {row["node"] for row in outages}
     assert len(down) >= 10 and all(row["t_up"] is None or row["t_up"] > row["t_down"] for row in outages)
     # Some rounds went without some neighbours, and the runs renormalised over who arrived.
     assert min(row["heard_from"] for row in run["metrics"]) < 4
-    assert 0 <= run["summary"]["final"]["test_acc"] <= 1
+    assert run["summary"]["final"]["test_acc"] > bar  # and they learned all the same
 
 
 def _trace_file(tmp_path, rows):
@@ -158,6 +162,9 @@ def test_yaml_off_and_null_switch_a_fault_off(tmp_path):
     run = _run(tmp_path / "off", "--config", str(config))
     assert len(run["metrics"]) == 3 * 10 and "crashed" not in run["summary"]
     assert not (run["out"] / "availability.jsonl").exists()
+    assert run["summary"]["dropped_link_down"] == 0 and run["summary"]["dropped_offline"] == 0
+    resolved = yaml.safe_load((run["out"] / "config.yaml").read_text())
+    assert (resolved["churn"], resolved["link_failures"]) == ("none", "none")
 
 
 # -- crash -------------------------------------------------------------------------------
@@ -325,11 +332,29 @@ def test_dropout_scenario_file_and_list_of_partitions(tmp_path):
     config = tmp_path / "scenario.yaml"
     config.write_text(((SCENARIOS / "dropout.yaml").read_text()
                        + "rounds: 2\npartition_event:\n  - t=0s:groups=0-9:heal=0.1s\n  - t=0.2s:groups=0-4\n"))
-    run = _run(tmp_path / "d", "--config", str(config))
+    run = _run(tmp_path / "d", "--config", str(config), "--trace")
     resolved = (run["out"] / "config.yaml").read_text()
     assert "partition_event: t=0s:groups=0-9:heal=0.1s;t=0.2s:groups=0-4" in resolved
-    assert run["summary"]["dropped_link_down"] > 0
     assert (run["out"] / "availability.jsonl").exists()
+    # Apart: 0-9 | 10-19 for t < 0.1 s, whole until 0.2 s, then 0-4 | 5-19 to the end. The link_down drops
+    # (44, 0 and 42 on seed 0) are each, by when they were sent, a message across the partition then in force.
+    messages = _jsonl(run["out"] / "messages.jsonl")
+    across_first = lambda m: (m["src"] < 10) != (m["dst"] < 10)  # noqa: E731
+    across_second = lambda m: (m["src"] < 5) != (m["dst"] < 5)  # noqa: E731
+    down = [m for m in messages if m["fate"] == "link_down"]
+    assert len(down) == run["summary"]["dropped_link_down"]
+    first = [m for m in down if m["t_send"] < 0.1]
+    healed = [m for m in down if 0.1 <= m["t_send"] < 0.2]
+    second = [m for m in down if m["t_send"] >= 0.2]
+    assert first and all(map(across_first, first))
+    assert healed == []
+    assert second and all(map(across_second, second))
+    # while each is in force it cuts every message across it (that a node going offline does not drop first)
+    assert all(m["fate"] in ("link_down", "offline") for m in messages if m["t_send"] < 0.1 and across_first(m))
+    assert all(m["fate"] in ("link_down", "offline") for m in messages if m["t_send"] >= 0.2 and across_second(m))
+    # the first healed: across it but within one of the second's groups, messages arrive again
+    assert any(m["fate"] == "delivered" for m in messages
+               if m["t_send"] >= 0.1 and across_first(m) and not across_second(m))
 
 
 # -- bad input ---------------------------------------------------------------------------

@@ -266,12 +266,17 @@ def test_bad_options_exit_2_with_one_line(tmp_path, capsys, args, named):
 def test_hostile_clients_are_refused_and_the_rounds_go_on(tmp_path):
     # stale: an attacker resends its first bodies, whose round is wrong from round 1 on; oversize: an extra key.
     # Seed 0: clients 1 and 7 attack.
+    # Each attacker's keys are refused once (stale: round 1's, replaying round 0's; oversize: round 0's, and its
+    # round-1 keys come after the server stopped waiting), and the server sums the other 8 clients' inputs in each
+    # round the attack is on: an attacker refused but counted among the survivors would make heard_from 10.
     assert sorted(Seeds(0).numpy("adversaries").choice(11, size=2, replace=False).tolist()) == [1, 7]
-    for kind in ("stale", "oversize"):
+    for kind, heard in (("stale", [10, 8]), ("oversize", [8, 8])):
         summary, rows = _run(tmp_path / kind, "--nodes", "11", "--rounds", "2", "--timeout", "1",
                              "--secure-aggregation", "secagg", "--adversaries", f"fraction=0.2,kind={kind}")
-        assert summary["dropped_invalid"] > 0
+        assert summary["dropped_invalid"] == 2, kind
+        assert [r["heard_from"] for r in _server_rows(rows)] == heard, kind
         assert [r["secagg_failed"] for r in _server_rows(rows)] == [0, 0]
+        assert [r["masked"] for r in _jsonl(tmp_path / kind / "secagg.jsonl")] == heard, kind
 
 
 def _node(rnd=3):
@@ -408,11 +413,18 @@ def test_secure_mixing_bytes_are_its_frames_2_n_d_squared_shares(tmp_path):
 
 
 def test_a_node_silent_after_masking_is_recovered_in_each_neighbourhood(tmp_path):
-    rows = _run_dfedavgm(tmp_path / "r", "--topology", "regular:d=4", "--nodes", "10", "--rounds", "2",
-                         "--timeout", "1", "--secure-aggregation", "secagg", "--secagg-dropout", "0.1")
+    # 1 of 10 nodes silent after its masked input each round: in each neighbourhood holding it, its input counts
+    # and its self mask is rebuilt from its neighbours' shares, so every node mixes what plain DFedAvgM mixes
+    args = ["--topology", "regular:d=4", "--nodes", "10", "--rounds", "2", "--timeout", "1"]
+    plain = _run_dfedavgm(tmp_path / "plain", *args)
+    rows = _run_dfedavgm(tmp_path / "r", *args, "--secure-aggregation", "secagg", "--secagg-dropout", "0.1")
     records = _jsonl(tmp_path / "r" / "secagg.jsonl")
     assert len(records) == 20 and all(r["outcome"] == "ok" for r in records)
     assert {r["heard_from"] for r in rows} == {4}  # the silent node's input counts: it was masked
+    assert [(r["node"], r["round"]) for r in rows] == [(r["node"], r["round"]) for r in plain]
+    for a, b in zip(plain, rows):
+        assert b["test_acc"] == a["test_acc"]
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize("args,named", [
