@@ -123,6 +123,20 @@ def emulate(coroutine, graph: nx.Graph, *, workers: int = 2, **settings) -> Emul
     return emulation
 
 
+def library_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
+    """Epsilon from opacus's RDPAccountant stepped one step at a time: what the run's accounting must equal."""
+    import warnings
+
+    from opacus.accountants import RDPAccountant  # only the privacy tests pay for its import
+
+    accountant = RDPAccountant()
+    for _ in range(steps):
+        accountant.step(noise_multiplier=noise, sample_rate=rate)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return accountant.get_epsilon(delta)
+
+
 def assert_one_line_error(capsys, named: str) -> str:
     """stderr is exactly one line and it names `named`; returns the line."""
     lines = capsys.readouterr().err.strip().splitlines()

@@ -2,16 +2,14 @@
 accountant library computes it."""
 import json
 import math
-import warnings
 
 import pytest
 import torch
-from opacus.accountants import RDPAccountant
 
 from p2p_emulator.cli import main
 from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.privacy import Accountant, clipped_gradients, dp_sgd, noisy_mean
-from tests.conftest import assert_refused
+from tests.conftest import assert_refused, library_epsilon
 
 RUN = ["--dataset", "digits", "--model", "mlp:hidden=16", "--quiet", "--no-plots", "--rounds", "3"]
 
@@ -67,15 +65,6 @@ def test_batches_are_poisson_samples_of_rate_b_over_n():
     assert abs(seen / 200 - 10) < 3 * math.sqrt(100 * 0.1 * 0.9 / 200)
 
 
-def _library_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
-    accountant = RDPAccountant()
-    for _ in range(steps):
-        accountant.step(noise_multiplier=noise, sample_rate=rate)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return accountant.get_epsilon(delta)
-
-
 def _jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -100,7 +89,7 @@ def test_each_nodes_epsilon_is_the_accountants_for_its_rate_noise_steps_and_delt
         steps_per_round = 4 if "--local-steps" in args else round(n / batch)
         assert row["steps"] == (row["round"] + 1) * steps_per_round
         assert row["delta"] == (given_delta or 1 / n)
-        assert row["epsilon"] == pytest.approx(_library_epsilon(row["noise"], batch / n, row["steps"], row["delta"]),
+        assert row["epsilon"] == pytest.approx(library_epsilon(row["noise"], batch / n, row["steps"], row["delta"]),
                                                rel=1e-12)
         assert metrics[row["round"], row["node"]]["epsilon"] == row["epsilon"]
     summary = json.loads((out / "summary.json").read_text())["privacy"]

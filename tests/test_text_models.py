@@ -12,7 +12,7 @@ from p2p_emulator.cli import main
 from p2p_emulator.workloads import batched, privacy, prototypes, text
 from p2p_emulator.workloads.model_specs import ModelError
 from p2p_emulator.workloads.models import build_model, parameter_count
-from tests.test_privacy import _library_epsilon  # opacus's RDPAccountant, stepped one step at a time
+from tests.conftest import library_epsilon
 
 V = text.VOCABULARY  # 81: LEAF's 80 characters and one unknown id; the classes are the same ids
 SMALL = "char-lstm:hidden=16"
@@ -182,6 +182,6 @@ def test_dp_sgd_runs_char_lstm_and_accounts_each_node(tmp_path, fortunes_root):
     assert sorted((r["round"], r["node"]) for r in rows) == [(r, i) for r in range(2) for i in range(4)]
     for row in rows:  # one epoch a round: round(60 / 32) = 2 steps of batch 32, sampled at rate 32 / 60
         assert (row["steps"], row["delta"], row["noise"]) == (2 * (row["round"] + 1), 1 / 60, 1.0)
-        assert row["epsilon"] == pytest.approx(_library_epsilon(1.0, 32 / 60, row["steps"], 1 / 60), rel=1e-12)
+        assert row["epsilon"] == pytest.approx(library_epsilon(1.0, 32 / 60, row["steps"], 1 / 60), rel=1e-12)
     epsilons = json.loads((out / "summary.json").read_text())["privacy"]["epsilon"]
     assert epsilons == {str(r["node"]): r["epsilon"] for r in rows if r["round"] == 1}
