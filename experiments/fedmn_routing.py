@@ -4,13 +4,14 @@ component, and at the end the share of Pi that rose and of clients whose route i
 
     python experiments/fedmn_routing.py runs/fedmn-routing
 """
-import json
 import sys
 from itertools import combinations
 from pathlib import Path
 from statistics import mean, stdev
 
 import numpy as np
+
+from p2p_emulator.analysis.rundir import read_run
 
 
 def spread(rows: list[dict]) -> tuple[float, float]:
@@ -24,15 +25,15 @@ def spread(rows: list[dict]) -> tuple[float, float]:
     return between, within
 
 
-def routing(run: Path) -> dict:
-    config = dict(line.split(": ", 1) for line in (run / "config.yaml").read_text().splitlines() if ": " in line)
-    rows = [json.loads(line) for line in (run / "decisions.jsonl").read_text().splitlines()]
-    first, last = int(config["pretrain_rounds"]), max(row["round"] for row in rows)
+def routing(path: Path) -> dict:
+    run = read_run(path)
+    config, rows = run.config, run.stream("decisions")
+    first, last = config["pretrain_rounds"], max(row["round"] for row in rows)
     start = {row["node"]: row for row in rows if row["round"] == first}
     end = {row["node"]: row for row in rows if row["round"] == last}
     (between0, within0), (between1, within1) = spread(list(start.values())), spread(list(end.values()))
     return {
-        "lr": config["lr"], "seed": config["seed"],
+        "lr": config["lr"], "seed": str(config["seed"]),
         "pi, first routed round": mean(np.mean(row["pi"]) for row in start.values()),
         "pi, last round": mean(np.mean(row["pi"]) for row in end.values()),
         "pi that rose": mean(np.mean(np.array(end[n]["pi"]) > np.array(start[n]["pi"])) for n in end),
@@ -48,7 +49,7 @@ def main(root: str) -> None:
     columns = [key for key in runs[0] if key not in ("lr", "seed")]
     print("| lr | seeds | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 2) + "|")
-    for lr in sorted({run["lr"] for run in runs}, key=float, reverse=True):
+    for lr in sorted({run["lr"] for run in runs}, reverse=True):
         group = [run for run in runs if run["lr"] == lr]
         cells = [f"{mean(r[c] for r in group):.3f} ± {stdev(r[c] for r in group):.3f}" if len(group) > 1
                  else f"{group[0][c]:.3f}" for c in columns]

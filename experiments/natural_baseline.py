@@ -3,11 +3,12 @@ label scores, as a mean over the nodes' own test splits (nodes without test samp
 
     python experiments/natural_baseline.py runs/natural-fortunes
 """
-import json
 import sys
 from collections import Counter
 from pathlib import Path
 from statistics import mean
+
+from p2p_emulator.analysis.rundir import read_run
 
 
 def baseline(partition: dict) -> float:
@@ -20,11 +21,9 @@ def baseline(partition: dict) -> float:
 def main(root: str) -> None:
     seen = {}
     for path in sorted(Path(root).glob("**/partition.json")):
-        partition = json.loads(path.read_text())
-        if partition.get("partition", "").startswith("natural"):
-            config = (path.parent / "config.yaml").read_text()
-            seed = next(line.split(":")[1].strip() for line in config.splitlines() if line.startswith("seed:"))
-            seen.setdefault(seed, baseline(partition))
+        run = read_run(path.parent)
+        if run.partition.get("partition", "").startswith("natural"):
+            seen.setdefault(str(run.config["seed"]), baseline(run.partition))
     for seed, value in sorted(seen.items()):
         print(f"seed {seed}: {100 * value:.1f}%")
     print(f"mean: {100 * mean(seen.values()):.1f}%")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .lazy import LazyModule
-from .training import accuracy, batches, float_state, mean_loss, mix, sgd
+from .training import accuracy, batches, float_state, mean_loss, mix, recurrent, sgd
 
 torch = LazyModule("torch")
 func = LazyModule("torch.func")
@@ -56,9 +56,8 @@ class _Layout:
         shapes = tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
         norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
         conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
-        recurrent = any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
         tied = len({id(t) for _, t in tensors}) < len(tensors)  # one tensor in two places: not stackable
-        known = cls((type(model), repr(model), shapes), norm, conv, recurrent, list(model.modules()), slots)
+        known = cls((type(model), repr(model), shapes), norm, conv, recurrent(model), list(model.modules()), slots)
         if tied or list(known.state()) != list(model.state_dict()):  # shared modules: leave it to the plain jobs
             known.architecture = None
         return known

@@ -204,8 +204,8 @@ def _decode_fortunes(topics: list[Path]) -> Dataset:
         except (OSError, UnicodeDecodeError) as err:
             raise DatasetError(f"{path}: cannot read as UTF-8 text ({err})") from None
         for split, positions in zip(parts, text.split_by_sample(len(y))):
-            picked = np.asarray(positions, dtype=np.int64)
-            for array, values in zip(parts[split], (x[picked], y[picked], np.full(len(picked), owner))):
+            picked = slice(positions.start, positions.stop)  # views: the concatenation below is the one copy
+            for array, values in zip(parts[split], (x[picked], y[picked], np.full(len(positions), owner))):
                 array.append(values)
     (train_x, train_y, train_owner), (test_x, test_y, test_owner) = (
         [np.concatenate(a) for a in arrays] for arrays in parts.values())

@@ -80,8 +80,8 @@ def data_kind(shape: tuple[int, ...], vocabulary: int) -> str:
     raise ModelError(f"input shape must be (channels, height, width), (features,) or (tokens,), got {tuple(shape)}")
 
 
-def check_reads(spec: str, arch: str, shape: tuple[int, ...], vocabulary: int) -> str:
-    """The data kind of `shape`, or a one-line ModelError when architecture `arch` (of `spec`) cannot read it."""
+def check_reads(spec: str, arch: str, shape: tuple[int, ...], vocabulary: int) -> None:
+    """A one-line ModelError when architecture `arch` (of `spec`) cannot read samples of `shape`."""
     kind = data_kind(shape, vocabulary)
     reads = READS.get(arch, ("image",))
     if kind not in reads:
@@ -89,7 +89,6 @@ def check_reads(spec: str, arch: str, shape: tuple[int, ...], vocabulary: int) -
                  "features": f"feature vectors of {shape[0]} values"}[kind]
         raise ModelError(f"--model {spec} reads {' or '.join(_DATA[k] for k in reads)}; this dataset gives "
                          f"{gives}: use --model {_FOR[kind]}")
-    return kind
 
 
 def reads_images(spec: str) -> bool:

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from .lazy import LazyModule
-from .training import HeavyBall
+from .training import HeavyBall, recurrent
 
 torch = LazyModule("torch")
 func = LazyModule("torch.func")
@@ -128,11 +128,6 @@ def clipped_gradients(model, x, y, clip: float, names: list[str]) -> tuple[dict[
     norms = torch.linalg.vector_norm(torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()], 1), dim=1)
     factor = (clip / (norms + _CLIP_EPSILON)).clamp(max=1.0)
     return {name: g * factor.view(-1, *([1] * (g.dim() - 1))) for name, g in grads.items()}, losses
-
-
-def recurrent(model) -> bool:
-    """Whether the model has an RNN (char-lstm): vmap has no batching rule for its kernels."""
-    return any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
 
 
 def _vmapped_gradients(model, x, y, names: list[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -38,11 +38,10 @@ def encode(text: str) -> np.ndarray:
 
 
 def next_character_samples(codes: np.ndarray, length: int = SEQUENCE) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y): every window of `length` ids and the id after it, in text order."""
+    """(x, y): every window of `length` ids and the id after it, in text order; x is a view of `codes`."""
     if len(codes) <= length:
         return np.empty((0, length), dtype=np.uint8), np.empty(0, dtype=np.int64)
-    windows = np.lib.stride_tricks.sliding_window_view(codes[:-1], length)
-    return np.ascontiguousarray(windows), codes[length:].astype(np.int64)
+    return np.lib.stride_tricks.sliding_window_view(codes[:-1], length), codes[length:].astype(np.int64)
 
 
 def split_by_sample(count: int, length: int = SEQUENCE, fraction: float = TRAIN_FRACTION) -> tuple[range, range]:

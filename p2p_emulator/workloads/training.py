@@ -99,6 +99,11 @@ def accuracy(model, x, y, batch_size: int = 1024) -> float:
     return _mean_over(model, x, y, batch_size, lambda logits, labels: (logits.argmax(1) == labels).sum().item())
 
 
+def recurrent(model) -> bool:
+    """Whether the model has an RNN (char-lstm): vmap has no batching rule for its kernels."""
+    return any(isinstance(m, torch.nn.RNNBase) for m in model.modules())
+
+
 def mean_loss(model, x, y, batch_size: int = 1024) -> float:
     """Mean cross-entropy of the model (eval mode) on (x, y)."""
     return _mean_over(model, x, y, batch_size, lambda logits, labels: torch.nn.functional.cross_entropy(
