@@ -182,19 +182,20 @@ def test_the_star_server_sends_each_client_only_its_own_target_and_records_a(sta
     assert sorted(targets) == [(r, 0, c) for r in range(3) for c in (1, 2, 3)]  # each client its own, once
 
 
-def test_the_kept_model_is_the_best_on_the_rollback_split(tmp_path):
-    # --eta 50 pulls so hard that rounds get worse as well as better, so the best is not always the last
-    earlier = 0
-    for seed in range(3):
+def test_the_kept_model_is_the_best_on_the_rollback_split_and_a_tie_keeps_the_later_round(tmp_path):
+    # a 20-sample rollback split ties often, and at --eta 5 some rounds get worse, so the best is not
+    # always the last; a tie counts only where the tied rounds' models score apart on the test split
+    earlier = tie = 0
+    for seed in (0, 4):
         _, metrics = _run(tmp_path / str(seed), *SMALL, "--protocol", "fedlinked-p2p", "--topology", "mesh",
-                          "--nodes", "3", "--rounds", "6", "--eta", "50", "--rollback-fraction", "0.3",
-                          "--seed", str(seed))
+                          "--nodes", "3", "--rounds", "6", "--eta", "5", "--seed", str(seed))
         for node in range(3):
             rows = sorted((r for r in metrics if r["node"] == node), key=lambda r: r["round"])
-            best = max(range(len(rows)), key=lambda i: (rows[i]["rollback_acc"], i))  # ties: the later is kept
-            assert rows[-1]["test_acc"] == rows[best]["test_acc"]
-            earlier += best < len(rows) - 1
-    assert earlier  # some node rolled back to an earlier round
+            top = [i for i, r in enumerate(rows) if r["rollback_acc"] == max(r["rollback_acc"] for r in rows)]
+            assert rows[-1]["test_acc"] == rows[top[-1]]["test_acc"]
+            earlier += top[-1] < len(rows) - 1
+            tie += top[-1] < len(rows) - 1 and rows[top[0]]["test_acc"] != rows[top[-1]]["test_acc"]
+    assert earlier >= 3 and tie >= 3  # measured: 4 rolled back, each past a tie
 
 
 def test_a_public_subsample_and_compression_shrink_the_representation_messages(tmp_path):
