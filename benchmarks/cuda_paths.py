@@ -6,8 +6,8 @@ LEAF's full char-LSTM on the fortunes text (natural partition), where a GPU shou
 
 Each run is its own `emulate` process. The table gives each run's wall time (summary.json's
 wall_seconds), final mean test accuracy and bytes sent, and whether its traffic (links.csv) is
-byte-identical to its CPU twin's: the ledger must not depend on where the tensors live. Accuracy may
-differ in the last digits (GPU kernels round differently).
+byte-identical to its CPU twin's (blank where --only left the twin out): the ledger must not depend on
+where the tensors live. Accuracy may differ in the last digits (GPU kernels round differently).
 """
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def main() -> None:
     table = Table("run", "wall s", "test_acc", "bytes", "links.csv as on the CPU", title="CUDA paths")
     text_root = ["--data-root", args.fortunes] if args.fortunes else []
     cases = {**CASES, **{name: ([*case, *text_root], twin) for name, (case, twin) in TEXT_CASES.items()}}
+    ran = {}  # name: its run directory, for the runs of this call that finished
     for name, (case, twin) in cases.items():
         if args.only not in name:
             continue
@@ -75,8 +76,9 @@ def main() -> None:
         if "error" in summary:
             table.add_row(name, "-", "-", "-", summary["error"])
             continue
-        same = "" if twin is None else str(
-            (out / "links.csv").read_bytes() == (root / twin.replace(" ", "_") / "links.csv").read_bytes())
+        ran[name] = out
+        same = "" if twin not in ran else str(
+            (out / "links.csv").read_bytes() == (ran[twin] / "links.csv").read_bytes())
         table.add_row(name, f"{summary['wall_seconds']:.1f}", f"{summary['final'].get('test_acc', float('nan')):.4f}",
                       f"{summary['bytes_total']:,}", same)
     Console(width=140).print(table)

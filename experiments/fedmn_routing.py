@@ -7,10 +7,11 @@ component, and at the end the share of Pi that rose and of clients whose route i
 import sys
 from itertools import combinations
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
 
 import numpy as np
 
+from p2p_emulator.analysis import output
 from p2p_emulator.analysis.rundir import read_run
 
 
@@ -51,8 +52,7 @@ def main(root: str) -> None:
     print("|---" * (len(columns) + 2) + "|")
     for lr in sorted({run["lr"] for run in runs}, reverse=True):
         group = [run for run in runs if run["lr"] == lr]
-        cells = [f"{mean(r[c] for r in group):.3f} ± {stdev(r[c] for r in group):.3f}" if len(group) > 1
-                 else f"{group[0][c]:.3f}" for c in columns]
+        cells = [output.spread([r[c] for r in group], ".3f") for c in columns]
         print(f"| {lr} | {','.join(sorted(r['seed'] for r in group))} | " + " | ".join(cells) + " |")
 
 

@@ -22,8 +22,9 @@ def main(root: str) -> None:
     seen = {}
     for path in sorted(Path(root).glob("**/partition.json")):
         run = read_run(path.parent)
-        if run.partition.get("partition", "").startswith("natural"):
-            seen.setdefault(str(run.config["seed"]), baseline(run.partition))
+        seed = str(run.config["seed"])
+        if run.partition.get("partition", "").startswith("natural") and seed not in seen:
+            seen[seed] = baseline(run.partition)
     for seed, value in sorted(seen.items()):
         print(f"seed {seed}: {100 * value:.1f}%")
     print(f"mean: {100 * mean(seen.values()):.1f}%")

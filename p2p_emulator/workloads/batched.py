@@ -54,10 +54,11 @@ class _Layout:
                  for leaf, value in entries.items() if value is not None]
         tensors = [(name, _get(module, leaf, param)) for name, module, leaf, param in slots]
         shapes = tuple((name, tuple(t.shape), t.dtype, t.device) for name, t in tensors)
-        norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-        conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+        modules = list(model.modules())
+        norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules)
+        conv = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in modules)
         tied = len({id(t) for _, t in tensors}) < len(tensors)  # one tensor in two places: not stackable
-        known = cls((type(model), repr(model), shapes), norm, conv, recurrent(model), list(model.modules()), slots)
+        known = cls((type(model), repr(model), shapes), norm, conv, recurrent(model), modules, slots)
         if tied or list(known.state()) != list(model.state_dict()):  # shared modules: leave it to the plain jobs
             known.architecture = None
         return known

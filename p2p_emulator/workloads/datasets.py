@@ -197,18 +197,16 @@ def _load_fortunes(root: str | None, download: bool) -> Dataset:
 def _decode_fortunes(topics: list[Path]) -> Dataset:
     from . import text
 
-    parts = {split: ([], [], []) for split in ("train", "test")}
+    parts: dict[str, list] = {"train": [], "test": []}
     for owner, path in enumerate(topics):
         try:
             x, y = text.next_character_samples(text.encode(text.read_fortunes(path)))
         except (OSError, UnicodeDecodeError) as err:
             raise DatasetError(f"{path}: cannot read as UTF-8 text ({err})") from None
-        for split, positions in zip(parts, text.split_by_sample(len(y))):
-            picked = slice(positions.start, positions.stop)  # views: the concatenation below is the one copy
-            for array, values in zip(parts[split], (x[picked], y[picked], np.full(len(positions), owner))):
-                array.append(values)
+        for split, picked in zip(parts, text.split_by_sample(len(y))):  # views: the concatenation is the one copy
+            parts[split].append((x[picked], y[picked], np.full(len(y[picked]), owner)))
     (train_x, train_y, train_owner), (test_x, test_y, test_owner) = (
-        [np.concatenate(a) for a in arrays] for arrays in parts.values())
+        [np.concatenate(arrays) for arrays in zip(*rows)] for rows in parts.values())
     return make_dataset("fortunes", train_x, train_y, test_x, test_y, text.VOCABULARY, kind="tokens",
                         vocabulary=text.VOCABULARY, owners=[p.name for p in topics], train_owner=train_owner,
                         test_owner=test_owner)

@@ -286,8 +286,8 @@ class _Sent140:
             tokens = _TOKENS.findall(record[4])
             if training:
                 self.train_counts.update(tokens)
-            row[:min(len(tokens), SENT140_LENGTH)] = [
-                self.order.setdefault(token, len(self.order) + 1) for token in tokens[:SENT140_LENGTH]]
+            head = tokens[:SENT140_LENGTH]
+            row[:len(head)] = [self.order.setdefault(token, len(self.order) + 1) for token in head]
         return ids, ys
 
     def finish(self, arrays: dict) -> dict:

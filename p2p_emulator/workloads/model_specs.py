@@ -83,7 +83,7 @@ def data_kind(shape: tuple[int, ...], vocabulary: int) -> str:
 def check_reads(spec: str, arch: str, shape: tuple[int, ...], vocabulary: int) -> None:
     """A one-line ModelError when architecture `arch` (of `spec`) cannot read samples of `shape`."""
     kind = data_kind(shape, vocabulary)
-    reads = READS.get(arch, ("image",))
+    reads = _reads(arch)
     if kind not in reads:
         gives = {"image": f"images {tuple(shape)}", "tokens": f"token sequences of length {shape[0]}",
                  "features": f"feature vectors of {shape[0]} values"}[kind]
@@ -94,4 +94,8 @@ def check_reads(spec: str, arch: str, shape: tuple[int, ...], vocabulary: int) -
 def reads_images(spec: str) -> bool:
     """Whether model `spec` may give a node an architecture that reads images (all but char-lstm)."""
     name, _ = parse_model(spec)
-    return any("image" in READS.get(arch, ("image",)) for arch in _POOLS.get(name, (name,)))
+    return any("image" in _reads(arch) for arch in _POOLS.get(name, (name,)))
+
+
+def _reads(arch: str) -> tuple[str, ...]:
+    return READS.get(arch, ("image",))  # the image models are the unlisted default

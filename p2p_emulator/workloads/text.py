@@ -44,10 +44,11 @@ def next_character_samples(codes: np.ndarray, length: int = SEQUENCE) -> tuple[n
     return np.lib.stride_tricks.sliding_window_view(codes[:-1], length), codes[length:].astype(np.int64)
 
 
-def split_by_sample(count: int, length: int = SEQUENCE, fraction: float = TRAIN_FRACTION) -> tuple[range, range]:
-    """LEAF's Shakespeare split of one owner's `count` samples: (train, test) positions."""
+def split_by_sample(count: int, length: int = SEQUENCE, fraction: float = TRAIN_FRACTION) -> tuple[slice, slice]:
+    """LEAF's Shakespeare split of one owner's `count` samples: (train, test) positions, as slices (numpy
+    takes views)."""
     train = max(1, int(fraction * count)) if count > 1 else count
-    return range(train), range(min(count, train + length - 1), count)
+    return slice(0, train), slice(min(count, train + length - 1), count)
 
 
 def fortune_topics(root: Path) -> list[Path]:
