@@ -15,9 +15,15 @@ Rounds 0..K-1 (--pretrain-rounds K) are FedAvg on the whole network, every conne
   6. the server sets each tensor to the |D_m|-weighted mean over the clients that sent it: a
      module is averaged over the clients for which it was active. The paper's weights
      |D_m| / |D| are renormalised over those clients, so a module few clients use is not shrunk.
---router frozen is the authors' code (github.com/xztcwang/FedMN), which draws V from a detached Pi:
-no gradient reaches the hypernetwork, so it keeps its initial value. It never changes, so it never
-travels: in step 1 the server's message holds no tensor, and step 5 leaves it out.
+--router frozen takes the authors' detached Pi (github.com/xztcwang/FedMN draws V from
+z_mean[dim].item()): no gradient reaches the hypernetwork, so it keeps its initial value. It never
+changes, so it never travels: in step 1 the server's message holds no tensor, and step 5 leaves it out.
+Where the authors' code departs from the paper, this follows the paper (docs/fedmn.md, "Against the
+authors' code"). Their code has a soft V (a Gumbel-softmax weight per connection, never thresholded,
+softmaxed over all connections), redrawn every minibatch, and a temperature that never anneals. Each
+layer's blocks share one module's weights. It averages every module over every client, unweighted
+by |D_m|, and its output layer divides inside its sum. Its optimiser is SGD with weight decay 5e-4
+on 512/256-wide N(0, 0.01) layers, and its LeNet encoders are pretrained from a file.
 fedmn-p2p runs the same rounds on any graph with no server: each node decides with its own
 hypernetwork, trains, sends its active modules and hypernetwork to its neighbours, and
 averages each tensor over itself and the neighbours that sent it, weighted by |D|.
