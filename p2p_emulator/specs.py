@@ -94,6 +94,9 @@ SPEEDS = {
 }
 
 
+SLOWDOWN_KEYS = ("value", "low", "high", "slowdown")  # the parameters that are themselves slowdown factors
+
+
 def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[float, ...]:
     """Per-node compute slowdown factors (1 = nominal speed), drawn reproducibly."""
     spec = read_spec(text)
@@ -110,6 +113,11 @@ def slowdowns(text: str, num_nodes: int, rng: np.random.Generator) -> tuple[floa
     params = {**defaults, **values}
     if params.get("low", 0) > params.get("high", math.inf) or params.get("sigma", 0) < 0:  # numpy would raise
         raise units.UnitError(f"compute speed {text!r}: need low <= high and sigma >= 0")
+    # checked on the parameters, not on a draw: a draw may miss the nodes a bad value would slow
+    if (bad := next((k for k in SLOWDOWN_KEYS if params.get(k, 1.0) <= 0), None)) is not None:
+        raise units.UnitError(f"compute speed {text!r}: {bad} must be positive (it is a slowdown factor)")
+    if not 0 <= params.get("fraction", 0) <= 1:
+        raise units.UnitError(f"compute speed {text!r}: fraction must be in [0, 1]")
     factors = draw(params, num_nodes, rng)
     if not np.all(factors > 0):
         raise units.UnitError(f"compute speed {text!r}: slowdowns must be positive")

@@ -263,11 +263,13 @@ class LearningProtocol(Protocol):
 
     def check_dp(self) -> None:
         """Refuse what per-sample clipping cannot bound, and a target epsilon without a plan of the steps."""
-        model = self.initial_model(0)
-        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-            raise UsageError(f"--dp: --model {self.options.model} has BatchNorm, which mixes the samples of a "
-                             "batch, so clipping each sample's gradient does not bound its influence; "
-                             "use --norm group")
+        archs = self.workload.archs
+        for arch, part in ((arch, archs.index(arch)) for arch in dict.fromkeys(archs)):  # each one the run assigns
+            if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in self.initial_model(part).modules()):
+                named = arch if arch == self.options.model else f"{self.options.model} (data holder {part}: {arch})"
+                raise UsageError(f"--dp: --model {named} has BatchNorm, which mixes the samples of a "
+                                 "batch, so clipping each sample's gradient does not bound its influence; "
+                                 "use --norm group")
         if self.dp.target_epsilon and self.run_info.duration:
             raise UsageError("--dp target_epsilon: a run of --duration has no planned number of steps to "
                              "spend it over; give noise=SIGMA")
@@ -301,8 +303,9 @@ class LearningProtocol(Protocol):
                              f"({self.state_copies:g} copies of {parameters / 2**20:.1f} MiB per node), more than "
                              f"this machine's {have / 2**30:.0f} GiB")
 
-    def hold(self, node, part: int | None = None):
-        """(model, data) of data holder `part` (default: the node's own), kept where node's jobs run.
+    def hold(self, node, part: int | None = None, scored: bool = True):
+        """(model, data) of data holder `part` (default: the node's own), kept where node's jobs run; under
+        --dp, data carries the holder's accountant. `scored`: the model is what --eval-every-seconds scores.
 
         Both are handles: pass them to node.compute. data has the NodeTensors fields, each
         tensor a handle whose len() is its sample count.
@@ -313,7 +316,8 @@ class LearningProtocol(Protocol):
             plan = self.privacy_plan(part)
             data = replace(data, accountant=node.keep(Accountant(self.dp.clip, plan["noise"], plan["rate"],
                                                                  plan["delta"])))
-        node.score_with(test_scores, model, data.test_x, data.test_y)  # what --eval-every-seconds scores
+        if scored:
+            node.score_with(test_scores, model, data.test_x, data.test_y)
         return model, data
 
     def initial_model(self, part: int):

@@ -17,6 +17,7 @@ steps applied to it). It sends (x0, 0) to every client, then handles client mess
     and answers k at once with the current (x, v); a request for the model is answered alike.
 Each server step is one update received (its row logs staleness, staleness_weight, applied, version);
 each client step is one local round (train_loss). Only floating-point tensors are sent and combined.
+Under --dp each client trains with DP-SGD and its own accountant: its epsilon grows with its own trainings.
 The server holds no data: the partition has one part per client. Under --test-set global the server's x
 is what --eval-every-seconds scores and the final test_acc; under --test-set local each client's own model
 is, on its own test split. Nothing is scored during the run otherwise (it would be charged compute).
@@ -47,7 +48,7 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from p2p_emulator.workloads.training import float_state, load_state, mix
 
-from .common import (STATE, SGDOptions, TimeoutOptions, check, default, expects, keep_data,
+from .common import (STATE, SGDOptions, TimeoutOptions, check, default, expects,
                      positive_int, test_scores)
 from .fedavg import ServerAndClients
 
@@ -194,17 +195,10 @@ class FedBuff(ServerAndClients):
 
     # -- a client
 
-    def _hold_client(self, node):
-        """The client's model and data split; under --test-set local its model is what the sampler scores."""
-        part = self.part[node.id]
-        model, data = node.keep(self.workload.model(part)), keep_data(node, self.workload.data(part))
-        if self.workload.test_set == "local":
-            node.score_with(test_scores, model, data.test_x, data.test_y)
-        return model, data
-
     async def _client(self, node):
         o = self.options
-        model, data = self._hold_client(node)
+        # under --test-set global the server's model is what the sampler scores
+        model, data = self.hold(node, self.part[node.id], scored=self.workload.test_set == "local")
         example = await self.state(node, model)
         valid = expects(**{STATE: example, "version": int})
         samples = len(data.train_y)

@@ -36,6 +36,11 @@ FLAGS = {  # case: (base, flags, what the line must name)
     "compute speed nan": (GOSSIP, ["--compute-speed", "uniform:low=nan,high=2"], "--compute-speed"),
     "compute speed low above high": (GOSSIP, ["--compute-speed", "uniform:low=2,high=1"], "--compute-speed"),
     "compute speed sigma negative": (GOSSIP, ["--compute-speed", "lognormal:sigma=-1"], "--compute-speed"),
+    # parameters, not one node's draw: fraction=2 slowed every node, slowdown=0 failed once a node drew it
+    "stragglers fraction above 1": (GOSSIP, ["--compute-speed", "stragglers:fraction=2"], "fraction must be in"),
+    "stragglers slowdown zero": (GOSSIP, ["--compute-speed", "stragglers:slowdown=0"], "slowdown must be positive"),
+    "constant speed negative": (GOSSIP, ["--compute-speed", "constant:value=-1"], "value must be positive"),
+    "uniform speed from zero": (GOSSIP, ["--compute-speed", "uniform:low=0,high=2"], "low must be positive"),
     "seed beyond 64 bits": (DFEDAVGM, ["--seed", str(2**70)], "--seed"),
     "too many nodes": (GOSSIP, ["--nodes", "10000000"], "--nodes"),
     # 1,000 nodes of 65 MiB models (255 GiB): the same refusal as 100,000 small ones, without partitioning
@@ -82,6 +87,7 @@ def assert_refused(capsys, argv, named):
 def test_bad_flags(case, tmp_path, capsys):
     base, flags, named = FLAGS[case]
     assert_refused(capsys, [*base, *flags, "--out", str(tmp_path / "run")], named)
+    assert not (tmp_path / "run").exists()
     assert not (tmp_path / "run").exists()  # refused before any work
 
 

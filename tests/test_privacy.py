@@ -97,6 +97,30 @@ def test_each_nodes_epsilon_is_the_accountants_for_its_rate_noise_steps_and_delt
     assert summary["epsilon_max"] == max(r["epsilon"] for r in rows if r["round"] == 2)
 
 
+@pytest.mark.parametrize("buffer", [3, 1])  # FedBuff, and FedAsync
+def test_fedbuff_clients_train_privately_and_each_spends_its_own_epsilon(tmp_path, buffer):
+    """A client trains at its own pace: its privacy rows are its trainings, its steps round(n / B) more each."""
+    out = tmp_path / "run"
+    assert main([*RUN[:-2], "--protocol", "fedbuff", "--topology", "star", "--nodes", "4", "--duration", "4",
+                 "--buffer", str(buffer), "--compute-speed", "uniform:low=1,high=3", "--dp", "clip=1,noise=1",
+                 "--out", str(out)]) == 0
+    partition = json.loads((out / "partition.json").read_text())
+    rows, metrics = _jsonl(out / "privacy.jsonl"), _jsonl(out / "metrics.jsonl")
+    epsilons = json.loads((out / "summary.json").read_text())["privacy"]["epsilon"]
+    assert sorted(epsilons) == ["1", "2", "3"]  # the clients: node 0 serves and holds no data
+    for client in (1, 2, 3):
+        n = sum(partition["nodes"][client - 1]["train"].values())
+        mine = [row for row in rows if row["node"] == client]
+        trainings = [row for row in metrics if row["node"] == client and "train_loss" in row]
+        assert len(mine) == len(trainings) > 1
+        assert [row["epsilon"] for row in trainings] == [row["epsilon"] for row in mine]
+        assert [row["steps"] for row in mine] == [(k + 1) * round(n / 32) for k in range(len(mine))]
+        assert mine[-1]["epsilon"] == pytest.approx(library_epsilon(1.0, 32 / n, mine[-1]["steps"], 1 / n),
+                                                    rel=1e-12)
+        assert epsilons[str(client)] == mine[-1]["epsilon"]
+    assert len({len([r for r in rows if r["node"] == c]) for c in (1, 2, 3)}) > 1  # the slower train less
+
+
 @pytest.mark.parametrize("target,seed", [(1.0, 0), (4.0, 1)])
 def test_target_epsilon_solves_the_noise_so_that_the_run_spends_just_under_it(tmp_path, target, seed):
     out = tmp_path / "run"
@@ -136,6 +160,9 @@ def test_the_batched_executor_runs_dp_sgd_with_the_thread_executors_results(tmp_
     (["--protocol", "fedavg", "--topology", "star", "--dp", "clip=1,target_epsilon=1e-4,delta=1e-5"], "budget is too low"),
     (["--protocol", "fedavg", "--topology", "star", "--model", "cnn-small", "--dp", "clip=1,noise=1"],
      "use --norm group"),
+    # seed 6 gives node 0 the mixer, without BatchNorm, and node 2 a ResNet with it: every model is checked
+    (["--protocol", "local", "--nodes", "4", "--seed", "6", "--model", "hetero-small", "--model-assign", "random",
+      "--norm", "batch", "--init", "independent", "--dp", "clip=1,noise=1"], "(data holder 2: small-resnet) has BatchNorm"),
     (["--protocol", "mapl", "--nodes", "4", "--dp", "clip=1,noise=1"], "mapl sends class prototypes"),
     (["--protocol", "l2c", "--dp", "clip=1,noise=1"], "validation split"),
     (["--protocol", "gossip-learning", "--wake-up", "poisson", "--duration", "5", "--dp",
