@@ -267,8 +267,9 @@ class Resolved:
 
 
 def check_settings(grid: Grid, runs: list[Point]) -> dict[str, Resolved]:
-    """Resolve every run's flags as `emulate` would, so a typo fails before hours of runs, not after;
-    each run's rounds and config hash, by its name (resolved once: the sweep reuses them)."""
+    """Resolve every run's flags as `emulate` would, and check they set what the table's measures need (trace),
+    so a typo fails before hours of runs, not after; each run's rounds and config hash, by its name (resolved
+    once: the sweep reuses them)."""
     registry = protocols()
     resolved = {}
     for point in runs:
@@ -276,6 +277,11 @@ def check_settings(grid: Grid, runs: list[Point]) -> dict[str, Resolved]:
             config, options = cli.resolve(point.argv(grid.out / point.name), registry)
         except (UsageError, UnitError) as exc:
             raise GridError(f"run {point.name}: {exc}") from None
+        for metric in grid.table.metrics:
+            needs = metric.measure.needs if metric.measure is not None else None
+            if needs is not None and not getattr(config, needs):
+                raise GridError(f"run {point.name}: table: metric {metric.name!r} needs {needs}: true "
+                                f"(--{needs.replace('_', '-')}), which the run does not set")
         resolved[point.name] = Resolved(config.rounds, cfg.config_hash(config, options))
     return resolved
 

@@ -19,8 +19,12 @@ A round r of FedAvg with secure aggregation, cohort U0 (the sampled clients), th
      the server rebuilds each secret from t shares, checks each rebuilt s_v against s_v^PK, removes
      the self masks and the dropped clients' pairwise masks, and sets x <- x + sum X_u[:-1] / sum n_u.
 A phase below t, or a secret with fewer than t shares, fails the round: the reason goes to
-secagg.jsonl, x stays, the run goes on. Bodies failing their checks are dropped as invalid on the
-ledger; a sealed share failing authentication is refused and counted in secagg_refused.
+secagg.jsonl, x stays, the run goes on. Bodies failing their checks (a public key X25519 refuses
+among them) are dropped as invalid on the ledger; a sealed share failing authentication is refused
+and counted in secagg_refused, and so is a server's message failing Bonawitz's client checks (the
+client in U1 with its keys, t the run's; U3 within U2 and at least t), its reason in secagg.jsonl.
+A client whose input is not finite or so large that the cohort's sum could wrap (crypto.to_ring)
+withholds it, the reason in secagg.jsonl: a dropout, not garbage in the sum.
 
 Departures from Flower's SecAgg+ (its key agreement, cipher, Shamir, PRG and quantisation): the
 table in docs/secure-aggregation.md. Departures from the papers:
@@ -138,7 +142,8 @@ def this_round(node):
 
 
 def public_key(value) -> bool:
-    return isinstance(value, bytes) and len(value) == crypto.KEY_BYTES
+    """32 bytes X25519 can agree with: a low-order point (32 zero bytes, say) would make every agreement raise."""
+    return isinstance(value, bytes) and len(value) == crypto.KEY_BYTES and crypto.agreeable(value)
 
 
 def id_map(ids, item):
@@ -327,6 +332,24 @@ class SecureClient:
 
     def __init__(self, options, server: int, clients: list[int]):
         self.options, self.server, self.clients = options, server, clients
+        self.cohort = options.clients_per_round or len(clients)  # the most inputs a sum can hold
+
+    def key_list_fault(self, me: int, mine: list[bytes], listed: dict, t: int) -> str:
+        """Why this client refuses the server's key list (Bonawitz's round 1 checks), or "": the list must hold
+        the client with its own keys (SecAgg+ lists only the neighbours: there, if at all), and t must be the
+        run's: --secagg-threshold if set, else at least max(2, a majority of the holders the client sees), as
+        the default always is (the client cannot tell the cohort's size); and at most those holders."""
+        if listed.get(me, mine) != mine or (self.options.secure_aggregation == "secagg" and me not in listed):
+            return "the list of U1 leaves this client out or gives it other keys"
+        holders = len(set(listed) - {me}) + 1
+        fixed = self.options.secagg_threshold
+        if fixed and t != fixed:
+            return f"the threshold t = {t} is not the run's --secagg-threshold {fixed}"
+        if not fixed and t < max(2, holders // 2 + 1):
+            return f"the threshold t = {t} is below max(2, a majority of the {holders} holders of its secrets)"
+        if t > holders:
+            return f"the threshold t = {t} exceeds the {holders} holders of its secrets"
+        return ""
 
     async def round(self, node, protocol, model, data, start: dict, next_message) -> dict:
         """Keys, shares, training, masked input, unmask; the metrics to log ({} if the round was abandoned)."""
@@ -337,22 +360,30 @@ class SecureClient:
                                                          keys=id_map(range(node.num_nodes), key_pair_list)))
         if message is None:
             return {}
-        peers = {v: k for v, k in message.body["keys"].items() if v != node.id}
-        if not 2 <= message.body["t"] <= len(peers) + 1:
-            return {"secagg_refused": 1}  # no sharing can meet it: this client sits the round out
-        exchanged = await self._share(node, keys, peers, message.body["t"], next_message)
+        t, listed = message.body["t"], message.body["keys"]
+        fault = self.key_list_fault(node.id, [keys["c"], keys["s"]], listed, t)
+        if fault:
+            record_refusal(node, KEYS, fault)
+            return {"secagg_refused": 1}  # this client sits the round out
+        peers = {v: k for v, k in listed.items() if v != node.id}
+        exchanged = await self._share(node, keys, peers, t, next_message)
         if exchanged is None:
             return {}
         held, mask_peers, refused = exchanged
         loss = await protocol.train(node, model, data)
         length = input_length(start)
-        y = await node.compute(crypto.masked_input, model, start, len(data.train_y), keys, node.id, node.round,
-                               mask_peers, work=(len(mask_peers) + 1) * length * crypto.PRG_ENTRY_WORK
-                               + len(mask_peers) * crypto.AGREEMENT_WORK)
+        y, fault = await node.compute(crypto.masked_input, model, start, len(data.train_y), keys, node.id,
+                                      node.round, mask_peers, self.cohort,
+                                      work=(len(mask_peers) + 1) * length * crypto.PRG_ENTRY_WORK
+                                      + len(mask_peers) * crypto.AGREEMENT_WORK)
+        if y is None:  # a dropout from here on: the server rebuilds its s key and sums the others' inputs
+            node.record("secagg", outcome="withheld", phase=MASKED, reason=fault)
+            return {"train_loss": loss, "params_sent": 0, "secagg_refused": len(refused)}
         node.send(self.server, MASKED, {"round": node.round, "y": y})
+        refusals = 0
         if node.id not in dropping(node, self.clients, self.options.secagg_dropout):  # else silent, as if offline
-            await self._unmask(node, held, next_message)
-        return {"train_loss": loss, "params_sent": length, "secagg_refused": len(refused)}
+            refusals = await self._unmask(node, held, {node.id, *mask_peers}, t, next_message)
+        return {"train_loss": loss, "params_sent": length, "secagg_refused": len(refused) + refusals}
 
     async def _share(self, node, keys: dict, peers: dict, threshold: int, next_message):
         """Send the sealed shares, open those relayed: ({sender: its shares for this client}, {v: s_v^PK} of
@@ -372,11 +403,35 @@ class SecureClient:
         # every sender in U2 masks with this client, whether or not its shares opened
         return held, {u: peers[u][1] for u in relayed}, refused
 
-    async def _unmask(self, node, held: dict, next_message) -> None:
+    async def _unmask(self, node, held: dict, shared: set[int], t: int, next_message) -> int:
+        """Reveal the shares the survivors call for, unless the list fails round 4's checks (survivors_fault:
+        `shared` is U2 as this client saw it, itself included); 1 if it refused the list."""
         message = await next_message(node, UNMASK, expects(round=this_round(node), survivors=node_ids(node.num_nodes)))
-        if message is not None:
-            survivors = set(message.body["survivors"])
-            node.send(self.server, UNMASK, {"round": node.round, **reveal(held, survivors, node.id)})
+        if message is None:
+            return 0
+        survivors = set(message.body["survivors"])
+        fault = survivors_fault(survivors, shared, t)
+        if fault:
+            record_refusal(node, UNMASK, fault)
+            return 1
+        node.send(self.server, UNMASK, {"round": node.round, **reveal(held, survivors, node.id)})
+        return 0
+
+
+def survivors_fault(survivors: set[int], shared: set[int], t: int) -> str:
+    """Why a client refuses the survivors U3 it is sent (Bonawitz's round 4 checks), or "": U3 must lie within U2
+    as the client saw it (`shared`) and hold at least t clients: the server cannot unmask a sum of fewer than t
+    inputs by naming fewer survivors, or by padding the list with ids that never shared."""
+    if not survivors <= shared:
+        return f"survivors {sorted(survivors - shared)} are not in U2"
+    if len(survivors) < t:
+        return f"the survivors number {len(survivors)}, below the threshold {t}"
+    return ""
+
+
+def record_refusal(node, phase: str, reason: str, **where) -> None:
+    """A client's refusal of a server's message, in secagg.jsonl."""
+    node.record("secagg", outcome="refused", phase=phase, **where, reason=reason)
 
 
 def reveal(held: dict[int, bytes], survivors: set[int], me: int) -> dict[str, dict[int, bytes]]:

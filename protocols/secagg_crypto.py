@@ -4,13 +4,16 @@
 - Shamir's t-of-n sharing of a 32-byte secret over the prime field GF(2^521 - 1);
 - AES-GCM for the shares a client sends another through the server;
 - masks: AES-256-CTR as the PRG that expands a 32-byte seed into a vector of Z_{2^64};
-- fixed point: the weighted update n_k (x_k - x), and n_k, as elements of Z_{2^64}.
+- fixed point: the weighted update n_k (x_k - x), and n_k, as elements of Z_{2^64}, refused (Unrepresentable)
+  where not finite or so large that a sum of them could wrap.
 
 Every primitive is the `cryptography` package's; only Shamir's polynomial arithmetic is written here.
 The jobs at the bottom are what nodes run through node.compute; each takes and returns plain bytes,
 arrays and dicts, so that it can run on a Ray worker too.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -55,6 +58,20 @@ def derive(private: bytes, public: bytes, purpose: str) -> bytes:
     """A 32-byte key for `purpose` from the X25519 agreement of two parties (either side gets the same)."""
     secret = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(public))
     return expand(secret, purpose)
+
+
+_PROBE = X25519PrivateKey.from_private_bytes(bytes(KEY_BYTES))  # any key: X25519 makes it a multiple of 8
+
+
+@functools.lru_cache(maxsize=1 << 14)  # every client checks the same key list: one agreement per key, not per client
+def agreeable(public: bytes) -> bool:
+    """Whether X25519 agreement with `public` gives a key: `cryptography` refuses a low-order point (such as 32
+    zero bytes), whose shared secret is all zeros whatever the private key."""
+    try:
+        _PROBE.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError:
+        return False
+    return True
 
 
 def expand(secret: bytes, purpose: str) -> bytes:
@@ -132,9 +149,28 @@ def prg(seed: bytes, length: int) -> np.ndarray:
     return np.frombuffer(stream, dtype="<u8").astype(RING, copy=False)
 
 
-def to_ring(values: np.ndarray) -> np.ndarray:
-    """Reals as fixed-point elements of Z_{2^64} (two's complement)."""
-    return np.round(values * 2.0**FRACTION_BITS).astype(np.int64).view(RING)
+class Unrepresentable(ValueError):
+    """An input that must not enter a sum in Z_{2^64}: why, in words."""
+
+
+def to_ring(values: np.ndarray, summands: int = 1) -> np.ndarray:
+    """Reals as fixed-point elements of Z_{2^64} (two's complement) such that a sum of `summands` of them stays in
+    the signed range [-2^63, 2^63): each at most (2^63 - 1) // summands steps of 2^-24 in absolute value, else
+    Unrepresentable. A bare cast would turn NaN, inf and |x| >= 2^39 into -2^39, and a sum past the range wraps:
+    a diverged client would add a large finite value, unseen."""
+    bad = np.count_nonzero(~np.isfinite(values))
+    if bad:
+        raise Unrepresentable(f"{bad} of {values.size} entries are not finite")
+    with np.errstate(over="ignore"):
+        scaled = np.round(values * 2.0**FRACTION_BITS)
+    fits = np.abs(scaled) < 2.0**63  # then int64 holds it exactly (the float below 2^63 is 2^63 - 1024)
+    ring = np.where(fits, scaled, 0.0).astype(np.int64)
+    bound = (2**63 - 1) // summands
+    beyond = np.count_nonzero(~fits | (np.abs(ring) > bound))
+    if beyond:
+        raise Unrepresentable(f"{beyond} of {values.size} entries are beyond ±{bound / 2.0**FRACTION_BITS:.6g}, "
+                              f"past which a sum of {summands} inputs could wrap")
+    return ring.view(RING)
 
 
 def from_ring(values: np.ndarray) -> np.ndarray:
@@ -195,16 +231,27 @@ def open_shares(keys: dict, me: int, rnd: int, peers: dict[int, list[bytes]],
     return opened, refused
 
 
-def masked_input(model, start: dict, samples: int, keys: dict, me: int, rnd: int,
-                 peers: dict[int, bytes]) -> np.ndarray:
-    """The masked fixed-point update of the trained model from the global `start` (see mask)."""
-    return mask(to_ring(update_vector(float_state(model), start, samples)), keys, me, rnd, peers)
+def masked_input(model, start: dict, samples: int, keys: dict, me: int, rnd: int, peers: dict[int, bytes],
+                 summands: int) -> tuple[np.ndarray | None, str]:
+    """The masked fixed-point update of the trained model from the global `start` (see masked)."""
+    return masked(update_vector(float_state(model), start, samples), summands, keys, me, rnd, peers)
 
 
-def masked_model(model, weight: float, keys: dict, me: int, rnd: int, peers: dict[int, bytes]) -> np.ndarray:
-    """The masked fixed-point w x of the model's float tensors (a neighbour's term of a mixing step)."""
-    return mask(to_ring(weight * torch.cat([t.double().reshape(-1) for t in float_state(model).values()]).numpy()),
-                keys, me, rnd, peers)
+def masked_model(model, weight: float, keys: dict, me: int, rnd: int, peers: dict[int, bytes],
+                 summands: int) -> tuple[np.ndarray | None, str]:
+    """The masked fixed-point w x of the model's float tensors (a neighbour's term of a mixing step; see masked)."""
+    values = weight * torch.cat([t.double().reshape(-1) for t in float_state(model).values()]).numpy()
+    return masked(values, summands, keys, me, rnd, peers)
+
+
+def masked(values: np.ndarray, summands: int, keys: dict, me: int, rnd: int,
+           peers: dict[int, bytes]) -> tuple[np.ndarray | None, str]:
+    """(the masked input, ""), or (None, why `values` cannot be one of `summands` inputs: see to_ring)."""
+    try:
+        x = to_ring(values, summands)
+    except Unrepresentable as why:
+        return None, str(why)
+    return mask(x, keys, me, rnd, peers), ""
 
 
 def mask(x: np.ndarray, keys: dict, me: int, rnd: int, peers: dict[int, bytes]) -> np.ndarray:

@@ -14,6 +14,8 @@ lockstep; in each, a node sends as a contributor, then gathers and answers as th
 Below t_i in a phase, i keeps its own model that round and records why in secagg.jsonl.
 Departures: those of protocols/secagg.py; the threshold is over a neighbourhood (floor(d_i/2) + 1, at
 least 2, so every node needs two neighbours); undirected graphs only; no --sparsify, no robust rule.
+As SecAgg's clients do, j withholds an input to_ring refuses (a dropout of i's aggregation) and refuses
+survivors failing round 4's checks, each recorded in secagg.jsonl with the aggregator i.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from topologies import neighbour_weight
 
 from . import secagg_crypto as crypto
 from .common import entry_count, expects, node_ids, positive_int
-from .secagg import (Failed, dropping, id_map, key_pair_list, masked_body, public_key, recover_sum,
-                     reveal, sealed, shares_body, this_round, unmask_body)
+from .secagg import (Failed, dropping, id_map, key_pair_list, masked_body, public_key, record_refusal, recover_sum,
+                     reveal, sealed, shares_body, survivors_fault, this_round, unmask_body)
 
 KEYS, KEY_LIST = "secagg.keys", "secagg.keys.list"  # to the aggregator, back to the contributors
 SHARES, RELAYED = "secagg.shares", "secagg.shares.relay"
@@ -90,11 +92,7 @@ class SecureMixing:
         parts = await self._share(node, parts, len(peers))
         await self._step(node, own, self._relay)
         parts = await self._open(node, parts)
-        for i, part in parts.items():
-            y = await node.compute(crypto.masked_model, model, part.weight, part.keys, node.id, node.round,
-                                   part.maskers, work=(len(part.maskers) + 1) * own.length * crypto.PRG_ENTRY_WORK
-                                   + len(part.maskers) * crypto.AGREEMENT_WORK)
-            node.send(i, MASKED, {"round": node.round, "y": y})
+        parts = await self._send_masked(node, model, parts, own.length)
         await self._step(node, own, self._name_survivors)
         if node.id not in dropping(node, list(range(node.num_nodes)), self.options.secagg_dropout):
             await self._reveal(node, parts)  # else silent from here on, in every aggregation it is in
@@ -174,14 +172,36 @@ class SecureMixing:
             on[i] = part
         return on
 
+    async def _send_masked(self, node, model, parts: dict[int, Part], length: int) -> dict[int, Part]:
+        """Phase 3: the masked w_ij x_j to each aggregation still on; those it went to. An input that cannot be one
+        of the cohort's (secagg_crypto.to_ring) is withheld: a dropout there, not garbage in the sum."""
+        sent = {}
+        for i, part in parts.items():
+            y, fault = await node.compute(crypto.masked_model, model, part.weight, part.keys, node.id,
+                                          node.round, part.maskers, len(part.peers) + 1,
+                                          work=(len(part.maskers) + 1) * length * crypto.PRG_ENTRY_WORK
+                                          + len(part.maskers) * crypto.AGREEMENT_WORK)
+            if y is None:
+                node.record("secagg", outcome="withheld", phase=MASKED, aggregator=i, reason=fault)
+                continue
+            node.send(i, MASKED, {"round": node.round, "y": y})
+            sent[i] = part
+        return sent
+
     async def _reveal(self, node, parts: dict[int, Part]) -> None:
-        """Phase 4: to each aggregator that asks, the shares of its survivors' b and its dropped members' s."""
+        """Phase 4: to each aggregator that asks, the shares of its survivors' b and its dropped members' s,
+        unless its survivors fail round 4's checks (survivors_fault)."""
         body = expects(round=this_round(node), survivors=node_ids(node.num_nodes))
         requests = await self._gather(node, SURVIVORS, parts, lambda b: b is None or body(b), slack=2)
         for i, message in requests.items():
-            if message.body is not None:
-                shares = reveal(parts[i].held, set(message.body["survivors"]), node.id)
-                node.send(i, UNMASK, {"round": node.round, **shares})
+            if message.body is None:
+                continue
+            part, survivors = parts[i], set(message.body["survivors"])
+            fault = survivors_fault(survivors, {node.id, *part.maskers}, part.t)
+            if fault:
+                record_refusal(node, SURVIVORS, fault, aggregator=i)
+                continue
+            node.send(i, UNMASK, {"round": node.round, **reveal(part.held, survivors, node.id)})
 
     # -- the aggregator's side
 

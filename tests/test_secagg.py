@@ -1,7 +1,9 @@
 """Secure aggregation on the FedAvg star (protocols/secagg.py): the sum is right, the masked inputs say
 nothing, dropouts are recovered down to the threshold, every phase's bytes are its frames, and bad input
 is refused."""
+import asyncio
 import collections
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -75,7 +77,7 @@ def _aggregate(m: int, t: int, silent_before_masking=(), silent_after_masking=()
         assert refused == []
         held[v].update(opened)
     masked = {u: crypto.masked_input(c.model, start, c.samples, c.keys, u, rnd,
-                                     {v: public[v][1] for v in clients if v != u})
+                                     {v: public[v][1] for v in clients if v != u}, m)[0]
               for u, c in clients.items() if u not in silent_before_masking}
     answers = {u: secagg.reveal(held[u], set(masked), u) for u in masked if u not in silent_after_masking}
     dropped = [v for v in clients if v not in masked]
@@ -119,9 +121,9 @@ def test_a_masked_input_looks_uniform_and_unrelated_to_the_update():
     start, clients = _clients(3)
     c = clients[1]
     peers = {v: clients[v].keys["s"] for v in (2, 3)}
-    y = crypto.masked_input(c.model, start, c.samples, c.keys, 1, 0, peers)
+    y, _ = crypto.masked_input(c.model, start, c.samples, c.keys, 1, 0, peers, 3)
     other_keys = crypto.client_keys(Seeds(7).numpy("k", 1, 0).bytes(96))
-    y_again = crypto.masked_input(c.model, start, c.samples, other_keys, 1, 0, peers)  # same update, other seed
+    y_again, _ = crypto.masked_input(c.model, start, c.samples, other_keys, 1, 0, peers, 3)  # same update, other seed
     x = crypto.to_ring(crypto.update_vector(float_state(c.model), start, c.samples))
     for masked in (y, y_again):
         top = (masked >> np.uint64(56)).astype(int)  # the top byte of each entry: uniform over 0..255
@@ -284,7 +286,7 @@ def _node(rnd=3):
 
 
 def test_each_check_refuses_what_it_should():
-    key, node = bytes(32), _node()
+    key, node = crypto.key_pair(bytes(range(32)))[1], _node()
     assert secagg.keys_body(node)({"round": 3, "c": key, "s": key})
     assert not secagg.keys_body(node)({"round": 3, "c": key[:31], "s": key})  # a key not 32 bytes
     assert not secagg.keys_body(node)({"round": 2, "c": key, "s": key})  # replayed from an earlier round
@@ -306,6 +308,32 @@ def test_a_tampered_replayed_or_redirected_share_fails_authentication():
     assert crypto.open_shares(clients[2].keys, 2, 0, {1: public[1]}, {1: tampered}) == ({}, [1])
     assert crypto.open_shares(clients[2].keys, 2, 1, {1: public[1]}, {1: sealed[2]}) == ({}, [1])  # another round
     assert crypto.open_shares(clients[3].keys, 3, 0, {1: public[1]}, {1: sealed[2]}) == ({}, [1])  # not its share
+
+
+LOW_ORDER = [bytes(32), (1).to_bytes(32, "little")]  # X25519 points of order 2 and 4: zero bytes out of any agreement
+
+
+def test_a_low_order_public_key_is_refused_wherever_a_key_is_checked():
+    good, node = crypto.key_pair(bytes(range(32)))[1], _node()
+    assert secagg.public_key(good) and secagg.key_pair_list([good, good])
+    for bad in LOW_ORDER:
+        assert not secagg.public_key(bad)
+        assert not secagg.keys_body(node)({"round": 3, "c": bad, "s": good})  # the server, from a client
+        assert not secagg.keys_body(node)({"round": 3, "c": good, "s": bad})
+        assert not secagg.key_pair_list([good, bad])  # a client, in the server's list
+
+
+def test_a_client_advertising_a_low_order_key_is_refused_and_the_run_goes_on(tmp_path, monkeypatch):
+    # client 2's c key is 32 zero bytes: accepted, it made every peer's key agreement raise and the run fail
+    hostile, client_keys = Seeds(0).numpy("secagg.keys", 2, 0).bytes(96), crypto.client_keys
+    monkeypatch.setattr(crypto, "client_keys", lambda m: {**client_keys(m), "c": bytes(32)} if m == hostile
+                        else client_keys(m))
+    summary, rows = _run(tmp_path / "r", "--nodes", "4", "--rounds", "1", "--timeout", "1",
+                         "--secure-aggregation", "secagg")
+    assert summary["dropped_invalid"] == 1
+    assert [(r["heard_from"], r["secagg_failed"]) for r in _server_rows(rows)] == [(2, 0)]
+    assert _jsonl(tmp_path / "r" / "secagg.jsonl") == [
+        {"round": 0, "node": 0, "outcome": "ok", "clients": 3, "masked": 2, "dropped": 0}]
 
 
 BODIES = st.recursive(
@@ -334,6 +362,114 @@ def test_arbitrary_ciphertexts_are_refused_never_raised_on(ciphertext):
     _, clients = _clients(2)
     public = {1: [clients[1].keys["c"], clients[1].keys["s"]]}
     assert crypto.open_shares(clients[2].keys, 2, 0, public, {1: ciphertext}) == ({}, [1])
+
+
+# -- a diverged client's input
+
+def test_an_input_not_finite_or_past_the_range_of_its_sum_is_refused():
+    for values, reason in ((np.array([1.0, np.nan, -np.inf]), "2 of 3 entries are not finite"),
+                           (np.array([2.0**39, 1e300, 1.0]), "2 of 3 entries are beyond ±5.49756e+11, past which a "
+                            "sum of 1 inputs could wrap")):
+        with pytest.raises(crypto.Unrepresentable) as refused:  # a bare cast made each -2^39, silently
+            crypto.to_ring(values)
+        assert str(refused.value) == reason
+    largest = (2.0**62 - 512) / 2**crypto.FRACTION_BITS  # the largest float within (2^63 - 1) // 2 steps
+    y = crypto.to_ring(np.array([largest]), summands=2)
+    assert (y + y).view(np.int64).tolist() == [2**63 - 1024]  # two of them sum without wrapping
+    with pytest.raises(crypto.Unrepresentable, match=r"^1 of 1 entries are beyond ±2\.74878e\+11, past which a "
+                       r"sum of 2 inputs could wrap$"):
+        crypto.to_ring(np.array([2.0**38]), summands=2)
+
+
+def _diverge(monkeypatch, job: str, node: int, value: float) -> None:
+    """Node `node`'s model becomes `value` everywhere just before it masks its input (crypto's `job`)."""
+    real = getattr(crypto, job)
+
+    def diverged(model, *args):
+        if args[3 if job == "masked_input" else 2] == node:  # its `me` argument
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(value)
+        return real(model, *args)
+    monkeypatch.setattr(crypto, job, diverged)
+
+
+@pytest.mark.parametrize("value,reason", [
+    (float("nan"), "1210 of 1211 entries are not finite"),
+    (1e12, "1210 of 1211 entries are beyond ±1.83252e+11, past which a sum of 3 inputs could wrap"),
+], ids=["nan", "1e12"])
+def test_a_diverged_client_withholds_its_input_and_the_others_are_summed(tmp_path, monkeypatch, value, reason):
+    # before, client 2's input went into the sum as -2^39 in each entry (NaN, and 1e12 n_2 past 2^39 alike)
+    _diverge(monkeypatch, "masked_input", 2, value)
+    summary, rows = _run(tmp_path / "r", "--nodes", "4", "--rounds", "1", "--timeout", "1",
+                         "--secure-aggregation", "secagg")
+    assert [(r["heard_from"], r["secagg_dropped"], r["secagg_failed"]) for r in _server_rows(rows)] == [(2, 1, 0)]
+    assert _jsonl(tmp_path / "r" / "secagg.jsonl") == [
+        {"round": 0, "node": 2, "outcome": "withheld", "phase": "secagg.masked", "reason": reason},
+        {"round": 0, "node": 0, "outcome": "ok", "clients": 3, "masked": 2, "dropped": 1}]
+    assert summary["secagg_rounds_failed"] == 0
+
+
+# -- what a client checks in the server's messages (Bonawitz's rounds 1 and 4)
+
+def _options(mode="secagg", threshold=0):
+    return SimpleNamespace(secure_aggregation=mode, secagg_threshold=threshold, clients_per_round=0)
+
+
+MINE = [b"c" * 32, b"s" * 32]
+OTHERS = {v: [bytes([v]) * 32, bytes([v + 10]) * 32] for v in (2, 3, 4, 5)}
+
+
+@pytest.mark.parametrize("mode,threshold,listed,t,fault", [
+    ("secagg", 0, {1: MINE, **OTHERS}, 3, ""),
+    ("secagg+", 0, OTHERS, 3, ""),  # SecAgg+ lists the neighbours only
+    ("secagg", 2, {1: MINE, **OTHERS}, 2, ""),
+    ("secagg", 0, OTHERS, 3, "the list of U1 leaves this client out or gives it other keys"),
+    ("secagg+", 0, {1: OTHERS[2], **OTHERS}, 3, "the list of U1 leaves this client out or gives it other keys"),
+    ("secagg", 4, {1: MINE, **OTHERS}, 3, "the threshold t = 3 is not the run's --secagg-threshold 4"),
+    ("secagg", 0, {1: MINE, **OTHERS}, 2, "the threshold t = 2 is below max(2, a majority of the 5 holders of its "
+                                          "secrets)"),
+    ("secagg", 0, {1: MINE, **OTHERS}, 6, "the threshold t = 6 exceeds the 5 holders of its secrets"),
+])
+def test_a_client_refuses_a_key_list_that_round_1_forbids(mode, threshold, listed, t, fault):
+    client = secagg.SecureClient(_options(mode, threshold), 0, [1, 2, 3, 4, 5])
+    assert client.key_list_fault(1, MINE, listed, t) == fault
+
+
+def test_clients_refuse_a_threshold_other_than_the_runs_and_the_round_fails(tmp_path, monkeypatch):
+    # the server announces t = 2 in a run of --secagg-threshold 3: before, every client shared its secrets 2-of-3
+    of = secagg.Plan.of.__func__
+    monkeypatch.setattr(secagg.Plan, "of", classmethod(lambda cls, o, n: dataclasses.replace(of(cls, o, n), t=2)))
+    summary, rows = _run(tmp_path / "r", "--nodes", "4", "--rounds", "1", "--timeout", "1",
+                         "--secure-aggregation", "secagg", "--secagg-threshold", "3")
+    assert [r["secagg_refused"] for r in rows if r["node"] != 0] == [1, 1, 1]
+    refusals = [{"round": 0, "node": u, "outcome": "refused", "phase": "secagg.keys",
+                 "reason": "the threshold t = 2 is not the run's --secagg-threshold 3"} for u in (1, 2, 3)]
+    assert _jsonl(tmp_path / "r" / "secagg.jsonl") == [*refusals, {
+        "round": 0, "node": 0, "outcome": "failed", "phase": "secagg.shares",
+        "reason": "0 of 3 clients answered, below the threshold 2", "clients": 3}]
+    assert summary["secagg_rounds_failed"] == 1
+
+
+@pytest.mark.parametrize("survivors,fault", [
+    ([1, 2, 3], ""),
+    ([1, 2, 4], "survivors [4] are not in U2"),  # 4 never shared with client 1
+    ([1], "the survivors number 1, below the threshold 2"),
+])
+def test_a_client_refuses_survivors_that_round_4_forbids(survivors, fault):
+    sent, records = [], []
+    node = SimpleNamespace(id=1, round=0, num_nodes=5, send=lambda *message: sent.append(message),
+                           record=lambda stream, **row: records.append(row))
+
+    async def next_message(node, kind, valid):
+        body = {"round": 0, "survivors": survivors}
+        assert kind == secagg.UNMASK and valid(body)
+        return SimpleNamespace(body=body)
+    held = {u: bytes([u]) * 2 * crypto.SHARE_BYTES for u in (1, 2, 3)}
+    client = secagg.SecureClient(_options(), 0, [1, 2, 3, 4])
+    refused = asyncio.run(client._unmask(node, held, {1, 2, 3}, 2, next_message))
+    assert (refused, len(sent)) == ((1, 0) if fault else (0, 1))
+    assert records == ([{"outcome": "refused", "phase": "secagg.unmask", "reason": fault}] if fault else [])
 
 
 def test_the_graph_of_secagg_plus_is_k_regular_and_symmetric():
@@ -425,6 +561,23 @@ def test_a_node_silent_after_masking_is_recovered_in_each_neighbourhood(tmp_path
     for a, b in zip(plain, rows):
         assert b["test_acc"] == a["test_acc"]
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+
+
+def test_a_diverged_node_withholds_its_model_from_each_neighbourhood(tmp_path, monkeypatch):
+    # node 2's model is NaN: its 4 aggregators (1, 3, 4, 5) each mix the other 3 (before: -2^39 in every entry).
+    # Its own aggregation fails: its neighbours answer its unmask request only after waiting out its input, past
+    # its timeout (the lockstep docs/secure-aggregation.md describes); its model is NaN anyway.
+    _diverge(monkeypatch, "masked_model", 2, float("nan"))
+    rows = _run_dfedavgm(tmp_path / "r", "--topology", "regular:d=4", "--nodes", "6", "--rounds", "1", "--timeout",
+                         "1", "--secure-aggregation", "secagg")
+    assert _jsonl(tmp_path / "r" / "secagg.jsonl") == [
+        *({"round": 0, "node": 2, "outcome": "withheld", "phase": "secagg.masked", "aggregator": i,
+           "reason": "1210 of 1210 entries are not finite"} for i in (1, 3, 4, 5)),
+        {"round": 0, "node": 2, "outcome": "failed", "phase": "secagg.unmask",
+         "reason": "0 of 4 neighbours answered, below the threshold 3", "clients": 4},
+        {"round": 0, "node": 0, "outcome": "ok", "clients": 4, "masked": 4, "dropped": 0},
+        *({"round": 0, "node": i, "outcome": "ok", "clients": 4, "masked": 3, "dropped": 1} for i in (4, 5, 1, 3))]
+    assert [r["heard_from"] for r in rows] == [4, 3, 0, 3, 3, 3]
 
 
 @pytest.mark.parametrize("args,named", [

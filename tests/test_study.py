@@ -162,6 +162,77 @@ def test_fedlinked_measures_read_utility_jsonl(tmp_path):
     assert f" {related}/3 |" in (tmp_path / "out" / "table.md").read_text()  # how many runs, not a mean
 
 
+# Plain FedAvg and SecAgg on a star of three clients, every message traced: bytes and messages by kind.
+SECAGG = {
+    "base": {"protocol": "fedavg", "topology": "star", "nodes": 4, "rounds": 2, "dataset": "digits",
+             "model": "mlp:hidden=16", "trace": True, "no_plots": True},
+    "grid": {"method": [{"secure_aggregation": "none", "label": "fedavg"},
+                        {"secure_aggregation": "secagg", "label": "secagg"}]},
+    "table": {"metric": ["kind_bytes_per_round:model", "kind_bytes_per_round:update",
+                         "kind_bytes_per_round:secagg.keys", "kind_messages_per_round:secagg.shares",
+                         "bytes_per_round", "seconds_per_round"]},
+}
+
+
+@pytest.fixture(scope="module")
+def secagg_sweep(tmp_path_factory):
+    """SECAGG swept once; its grid file."""
+    where = tmp_path_factory.mktemp("secagg")
+    (where / "grid.yaml").write_text(yaml.safe_dump({**SECAGG, "out": str(where / "out")}))
+    assert main(["sweep", "--grid", str(where / "grid.yaml")]) == 0
+    return where / "grid.yaml"
+
+
+def _by_kind(run: Path) -> dict[str, list[int]]:
+    """Kind -> [messages, bytes] over messages.jsonl."""
+    sent: dict[str, list[int]] = {}
+    for message in map(json.loads, (run / "messages.jsonl").read_text().splitlines()):
+        count = sent.setdefault(message["kind"], [0, 0])
+        count[0], count[1] = count[0] + 1, count[1] + message["bytes"]
+    return sent
+
+
+def test_bytes_and_messages_by_kind_are_messages_jsonl_s_per_round(secagg_sweep):
+    out = secagg_sweep.parent / "out"
+    table = _csv(out / "table.csv")
+    fedavg, secagg = _by_kind(out / "method=fedavg"), _by_kind(out / "method=secagg")
+    assert set(fedavg) == {"model", "update"} and "update" not in secagg  # SecAgg sends masked inputs instead
+    for method, sent in (("fedavg", fedavg), ("secagg", secagg)):
+        row = table[method]
+        for kind in ("model", "update", "secagg.keys"):
+            assert float(row[f"kind_bytes_per_round:{kind} mean"]) == sent.get(kind, [0, 0])[1] / 2  # 2 rounds
+        assert float(row["kind_messages_per_round:secagg.shares mean"]) == sent.get("secagg.shares", [0, 0])[0] / 2
+        summary = _summary(out / f"method={method}")
+        assert sum(size for _, size in sent.values()) == summary["bytes_total"]  # nothing dropped: kinds add up
+        assert float(row["seconds_per_round mean"]) == summary["emulated_seconds"] / 2
+    assert secagg["secagg.keys"][1] > 0
+    assert "| fedavg | 15.10 kB | 15.10 kB | 0 B |" in (out / "table.md").read_text()  # a kind not sent: 0, not —
+    alone = _csv(out / "table_kind_bytes_per_round-secagg.keys.csv")  # its own file: the dot is no suffix
+    assert float(alone["secagg"]["kind_bytes_per_round:secagg.keys mean"]) == secagg["secagg.keys"][1] / 2
+
+
+def test_a_kind_no_run_sent_is_one_line_naming_the_kinds_sent(secagg_sweep, capsys):
+    grid = yaml.safe_load(secagg_sweep.read_text())
+    grid["table"] = {"metric": ["kind_bytes_per_round:secagg.key"]}  # misspelt: it would read as 0 everywhere
+    secagg_sweep.with_name("misspelt.yaml").write_text(yaml.safe_dump(grid))
+    assert main(["sweep", "--grid", str(secagg_sweep.with_name("misspelt.yaml"))]) == 2  # the runs are done: no rerun
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "no run sent a message of kind 'secagg.key'" in error
+    assert "model, secagg.keys, secagg.masked, secagg.shares, secagg.unmask, update" in error
+
+
+def test_a_kind_measure_needs_the_trace(sweep, tmp_path, capsys):
+    grid = {**SECAGG, "base": {**SECAGG["base"], "trace": False}, "out": str(tmp_path / "out")}
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
+    assert main(["sweep", "--grid", str(tmp_path / "grid.yaml")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "'kind_bytes_per_round:model' needs trace: true (--trace)" in error
+    assert not (tmp_path / "out").exists()  # refused before any run
+    spec, axes, runs = _study(sweep, {"rows": "method", "metric": "kind_messages_per_round:model"})  # untraced runs
+    with pytest.raises(StudyError, match="has no messages.jsonl: the measure needs runs made with --trace"):
+        tabulate(tmp_path, spec, axes, runs, QUIET)
+
+
 def _study(sweep, table: dict):
     grid = load_grid(sweep / "grid.yaml")
     axes = axis_labels(grid.axes)
@@ -227,6 +298,8 @@ BAD_TABLES = [
     ({"metric": "bytes_per_rond:1-2"}, "no measure 'bytes_per_rond'"),
     ({"metric": "client_acc"}, "expected client_acc:K"),
     ({"metric": "bytes_per_round:5"}, "expected bytes_per_round or bytes_per_round:FIRST-LAST"),
+    ({"metric": "kind_bytes_per_round"}, "expected kind_bytes_per_round:KIND"),
+    ({"metric": "kind_messages_per_round:"}, "expected kind_messages_per_round:KIND"),
     ({"metric": "task_identified_round:2"}, "0 < SHARE <= 1"),
     ({"metric": "test_acc", "relative_to": {"bytes_total": "ring"}}, "'bytes_total' is not one of the table's"),
     ({"metric": "bytes_total", "relative_to": {"bytes_total": "FedAvg"}}, "'FedAvg' is not a label of method"),

@@ -18,6 +18,9 @@ class Measure:
     arguments: tuple[Callable[[str], Any], ...] = ()
     optional: int = 0      # how many of the last arguments may be left out
     counted: bool = False  # 1 or 0 per run: a cell shows for how many of its runs it holds
+    needs: str | None = None  # a run setting its input exists only with (trace: messages.jsonl), checked before runs
+    # The study's finished runs and the arguments -> what keeps the measure from them (one line), or None.
+    check: Callable[..., str | None] | None = None
 
 
 def per(total: float, count: float) -> float:

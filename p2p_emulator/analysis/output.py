@@ -75,7 +75,8 @@ def markdown(headers: list[str], rows: list[list[str]]) -> str:
 def write_table(stem: Path, headers: list[str], shown: list[list[str]],
                 csv_headers: list[str], raw: list[list]) -> list[Path]:
     """stem.md with the formatted cells, stem.csv with the raw numbers."""
-    md, table_csv = stem.with_suffix(".md"), stem.with_suffix(".csv")
+    # appended, not with_suffix: a metric's argument may hold a dot (secagg.keys, 0.5) that is no suffix
+    md, table_csv = stem.with_name(f"{stem.name}.md"), stem.with_name(f"{stem.name}.csv")
     md.write_text(markdown(headers, shown))
     with open(table_csv, "w", newline="") as fh:
         writer = csv.writer(fh)

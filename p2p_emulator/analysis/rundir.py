@@ -5,7 +5,7 @@ without it a run directory is incomplete); `final_metrics` is the one definition
 of summary.json's "final" entry. `read_run` checks the three files every finished
 run has (config.yaml, summary.json, metrics.jsonl) and raises RunDirError with one
 line naming the problem, or, with `partial`, reads an incomplete run's rounds; the
-optional files (links.csv, graph.jsonl, availability.jsonl, samples.jsonl) are read on
+optional files (links.csv, messages.jsonl, graph.jsonl, availability.jsonl, samples.jsonl) are read on
 demand and are None when absent.
 
 A run's curves have a column per round (`Run.curves(metric)`), or with
@@ -568,6 +568,23 @@ class Run:
                 return [{k: int(v) for k, v in row.items()} for row in csv.DictReader(fh)]
             except (TypeError, ValueError):
                 return None
+
+    @cached_property
+    def kinds(self) -> dict[str, tuple[int, int]] | None:
+        """Message kind -> (messages, bytes) all nodes sent, from messages.jsonl (--trace); None without it. Every
+        traced message counts with its encoded size, whatever its fate: one refused at send (over the size limit,
+        or from an offline sender) adds nothing to bytes_total, and messages.jsonl does not tell it apart."""
+        rows = self.stream("messages")
+        if rows is None:
+            return None
+        sent: dict[str, tuple[int, int]] = {}
+        for row in rows:
+            kind, size = row.get("kind"), row.get("bytes")
+            if not isinstance(kind, str) or not isinstance(size, int):
+                raise RunDirError(f"{self.path / 'messages.jsonl'}: a row lacks a string kind or an integer bytes")
+            count, total = sent.get(kind, (0, 0))
+            sent[kind] = (count + 1, total + size)
+        return sent
 
     def stream(self, name: str) -> list[dict] | None:
         """Rows of `<name>.jsonl`, or None when the run has none."""

@@ -84,6 +84,27 @@ def messages_per_round(run: Run) -> float:
     return per(summary_value(run, "messages_total"), summary_value(run, "rounds"))
 
 
+def seconds_per_round(run: Run) -> float:
+    return per(run.emulated_seconds, summary_value(run, "rounds"))
+
+
+def kind_per_round(run: Run, kind: str, part: int) -> float:
+    """Messages (part 0) or bytes (part 1) of `kind` all nodes sent, per round (messages.jsonl)."""
+    return per(run.kinds.get(kind, (0, 0))[part], summary_value(run, "rounds"))
+
+
+def kind_sent(runs: list[Run], kind: str) -> str | None:
+    """What keeps the runs from a per-kind measure: a run without messages.jsonl, or a kind that none of them
+    sent (misspelt, it would read as 0 in every cell)."""
+    untraced = next((run for run in runs if run.kinds is None), None)
+    if untraced is not None:
+        return f"{untraced.path} has no messages.jsonl: the measure needs runs made with --trace (trace: true)"
+    sent = sorted({kind for run in runs for kind in run.kinds})
+    if runs and kind not in sent:
+        return f"no run sent a message of kind {kind!r} (the runs sent {', '.join(sent) or 'none'})"
+    return None
+
+
 def bytes_per_node(run: Run) -> float:
     return per(summary_value(run, "bytes_total"), summary_value(run, "nodes"))
 
@@ -139,6 +160,13 @@ def metric_name(text: str) -> str:
     return text
 
 
+def message_kind(text: str) -> str:
+    """A message kind as messages.jsonl names it (secagg.keys)."""
+    if not text:
+        raise ValueError(text)
+    return text
+
+
 def acc_at(run: Run, at: float) -> float:
     """The mean over nodes of the sampled test_acc at the last tick at or before `at` emulated seconds;
     NaN without samples.jsonl (--eval-every-seconds) or before its first tick."""
@@ -163,6 +191,14 @@ MEASURES = {
     "params_sent": Measure(params_sent, "params_sent or params_sent:FIRST-LAST (rounds, inclusive)", (round_range,),
                            optional=1),
     "messages_per_round": Measure(messages_per_round, "messages_per_round"),
+    "kind_bytes_per_round": Measure(lambda run, kind: kind_per_round(run, kind, 1),
+                                    "kind_bytes_per_round:KIND (bytes all nodes sent per round in messages of KIND, "
+                                    "messages.jsonl's kind; --trace)", (message_kind,), needs="trace", check=kind_sent),
+    "kind_messages_per_round": Measure(lambda run, kind: kind_per_round(run, kind, 0),
+                                       "kind_messages_per_round:KIND (messages of KIND all nodes sent per round, "
+                                       "messages.jsonl's kind; --trace)", (message_kind,), needs="trace",
+                                       check=kind_sent),
+    "seconds_per_round": Measure(seconds_per_round, "seconds_per_round"),
     "bytes_per_node": Measure(bytes_per_node, "bytes_per_node"),
     "bytes_per_message": Measure(bytes_per_message, f"bytes_per_message:ROUND ({ROUND})", (round_or_last,)),
     "honest_acc": Measure(honest_acc, "honest_acc"),
@@ -329,6 +365,10 @@ class Study:
 
     def _values(self, metric: Metric) -> dict[tuple[Row, str | None], list[float]]:
         try:
+            check = metric.measure.check if metric.measure is not None else None
+            problem = check(self.finished, *metric.arguments) if check is not None else None
+            if problem:
+                raise StudyError(f"table: metric {metric.name!r}: {problem}")
             return {key: [v for v in map(metric.of, runs) if not math.isnan(v)] for key, runs in self.cells.items()}
         except RunDirError as exc:
             raise StudyError(str(exc)) from None
