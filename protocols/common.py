@@ -284,6 +284,9 @@ class LearningProtocol(Protocol):
         noise = self.dp.noise
         if self.dp.target_epsilon:
             steps = self.run_info.rounds * steps_per_call(n, o.batch_size, o.local_epochs, o.local_steps)
+            if not steps:  # opacus's search for sigma would never end
+                raise UsageError(f"--dp target_epsilon: --rounds {self.run_info.rounds} plans no steps to spend it "
+                                 "over; give noise=SIGMA")
             try:
                 noise = noise_for(self.dp.target_epsilon, rate, steps, delta)
             except PrivacyError as exc:

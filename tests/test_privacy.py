@@ -167,6 +167,7 @@ def test_the_batched_executor_runs_dp_sgd_with_the_thread_executors_results(tmp_
     (["--protocol", "l2c", "--dp", "clip=1,noise=1"], "validation split"),
     (["--protocol", "gossip-learning", "--wake-up", "poisson", "--duration", "5", "--dp",
       "clip=1,target_epsilon=2"], "give noise=SIGMA"),
+    (["--protocol", "local", "--rounds", "0", "--dp", "clip=1,target_epsilon=2"], "--rounds 0 plans no steps"),
 ])
 def test_bad_dp_settings_are_refused_in_one_line(tmp_path, capsys, args, named):
     assert_refused(capsys, [*RUN, *args], named, tmp_path / "run")
