@@ -14,8 +14,9 @@ lockstep; in each, a node sends as a contributor, then gathers and answers as th
 Below t_i in a phase, i keeps its own model that round and records why in secagg.jsonl.
 Departures: those of protocols/secagg.py; the threshold is over a neighbourhood (floor(d_i/2) + 1, at
 least 2, so every node needs two neighbours); undirected graphs only; no --sparsify, no robust rule.
-As SecAgg's clients do, j withholds an input to_ring refuses (a dropout of i's aggregation) and refuses
-survivors failing round 4's checks, each recorded in secagg.jsonl with the aggregator i.
+As SecAgg's clients do, j refuses a key list failing round 1's checks (key_list_fault), withholds an input
+to_ring refuses (a dropout of i's aggregation) and refuses survivors failing round 4's checks, each recorded
+in secagg.jsonl with the aggregator i; unlike them, it counts none in its row, nor the shares that fail to open.
 """
 from __future__ import annotations
 
@@ -142,7 +143,11 @@ class SecureMixing:
         joined = {}
         for i, message in lists.items():
             listed = message.body
-            if listed is None or node.id not in listed["keys"] or not 2 <= listed["t"] <= len(listed["keys"]):
+            if listed is None:
+                continue
+            fault = self.key_list_fault(node.id, parts[i], listed)
+            if fault:
+                record_refusal(node, KEY_LIST, fault, aggregator=i)
                 continue
             part = joined[i] = parts[i]
             part.peers = {v: k for v, k in listed["keys"].items() if v != node.id}
@@ -154,6 +159,19 @@ class SecureMixing:
             part.held[node.id] = own_share
             node.send(i, SHARES, {"round": node.round, "shares": sealed_out})
         return joined
+
+    def key_list_fault(self, me: int, part: Part, listed: dict) -> str:
+        """Why this node refuses an aggregator's key list (round 1's checks, as the star's clients make them), or
+        "": the list must hold the node with its keys for that aggregation, and t must be the run's threshold for
+        the aggregator's degree, which no fewer than the listed may be, and at most the listed."""
+        holders, t, degree = len(listed["keys"]), listed["t"], listed["degree"]
+        if listed["keys"].get(me) != [part.keys["c"], part.keys["s"]]:
+            return "the list of U1 leaves this node out or gives it other keys"
+        if degree < holders or t != threshold(self.options, degree):
+            return f"the threshold t = {t} is not the run's for an aggregator of {degree} neighbours"
+        if t > holders:
+            return f"the threshold t = {t} exceeds the {holders} holders of its secrets"
+        return ""
 
     async def _open(self, node, parts: dict[int, Part]) -> dict[int, Part]:
         """Phase 2's end: the relayed shares of each aggregation still on, opened."""

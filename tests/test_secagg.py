@@ -22,6 +22,7 @@ from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.training import float_state
 from protocols import secagg
 from protocols import secagg_crypto as crypto
+from protocols.secure_mixing import Part, SecureMixing
 from tests.conftest import assert_one_line_error
 
 STAR = ["--protocol", "fedavg", "--topology", "star", "--dataset", "digits", "--model", "mlp:hidden=16",
@@ -434,6 +435,22 @@ OTHERS = {v: [bytes([v]) * 32, bytes([v + 10]) * 32] for v in (2, 3, 4, 5)}
 def test_a_client_refuses_a_key_list_that_round_1_forbids(mode, threshold, listed, t, fault):
     client = secagg.SecureClient(_options(mode, threshold), 0, [1, 2, 3, 4, 5])
     assert client.key_list_fault(1, MINE, listed, t) == fault
+
+
+@pytest.mark.parametrize("threshold,listed,t,degree,fault", [
+    (0, {1: MINE, **OTHERS}, 3, 5, ""),  # floor(5 / 2) + 1
+    (0, {1: MINE, 2: OTHERS[2]}, 3, 4, "the threshold t = 3 exceeds the 2 holders of its secrets"),
+    (0, OTHERS, 3, 5, "the list of U1 leaves this node out or gives it other keys"),
+    (0, {1: OTHERS[2], **OTHERS}, 3, 5, "the list of U1 leaves this node out or gives it other keys"),
+    (0, {1: MINE, **OTHERS}, 2, 5, "the threshold t = 2 is not the run's for an aggregator of 5 neighbours"),
+    (0, {1: MINE, **OTHERS}, 2, 2, "the threshold t = 2 is not the run's for an aggregator of 2 neighbours"),
+    (4, {1: MINE, **OTHERS}, 3, 5, "the threshold t = 3 is not the run's for an aggregator of 5 neighbours"),
+    (6, {1: MINE, **OTHERS}, 6, 5, "the threshold t = 6 exceeds the 5 holders of its secrets"),
+])
+def test_a_contributor_refuses_an_aggregators_key_list_that_round_1_forbids(threshold, listed, t, degree, fault):
+    mixing = SecureMixing(_options(threshold=threshold))
+    part = Part({"c": MINE[0], "s": MINE[1]})
+    assert mixing.key_list_fault(1, part, {"t": t, "degree": degree, "keys": listed}) == fault
 
 
 def test_clients_refuse_a_threshold_other_than_the_runs_and_the_round_fails(tmp_path, monkeypatch):
