@@ -1,9 +1,9 @@
 """--executor batched against --executor thread on the same runs, measured in one go.
 
-    ./dev bench batched [--cases mlp64 mlp256 cnn16] [--repeat 1]
+    ./dev bench batched [--cases mlp64 mlp256 cnn16 dfedavgm48 dpsgd48 gossip48 choco48] [--repeat 1]
 
-Each run is dfedavgm on regular:d=4 (defaults otherwise: every node scored on the whole test
-split every round), once per executor, each in its own `emulate` process with the default
+Each run is a case's protocol on regular:d=4 (defaults otherwise: every node scored on the whole
+test split every round), once per executor, each in its own `emulate` process with the default
 workers. The figure is the ratio of the emulations' wall times (summary.json's wall_seconds),
 taken in the same invocation, and the batched run's wall split into its jobs' seconds and
 the rest (on the batched executor jobs run on the event loop's thread, unbatchable ones
@@ -27,16 +27,24 @@ from rich.table import Table
 from p2p_emulator.settings import cores
 
 CASES = {
-    "mlp64": ["--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "64", "--rounds", "10"],
-    "mlp256": ["--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "256", "--rounds", "10"],
-    "cnn16": ["--dataset", "fashion-mnist", "--model", "cnn-small", "--nodes", "16", "--rounds", "3"],
+    "mlp64": ["--protocol", "dfedavgm", "--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "64",
+              "--rounds", "10"],
+    "mlp256": ["--protocol", "dfedavgm", "--dataset", "digits", "--model", "mlp:hidden=64", "--nodes", "256",
+               "--rounds", "10"],
+    "cnn16": ["--protocol", "dfedavgm", "--dataset", "fashion-mnist", "--model", "cnn-small", "--nodes", "16",
+              "--rounds", "3"],
 }
+# One setting, one run per protocol, side by side: CHOCO (momentum carried between rounds, compressed gossip) beside
+# protocols that average whole models.
+PROTOCOL_RUN = ["--dataset", "digits", "--model", "mlp:hidden=32", "--nodes", "48", "--rounds", "6", "--seed", "5"]
+CASES.update({f"{short}48": ["--protocol", protocol, *PROTOCOL_RUN] for short, protocol in (
+    ("dfedavgm", "dfedavgm"), ("dpsgd", "dpsgd"), ("gossip", "gossip-learning"), ("choco", "choco"))})
 EXECUTORS = ("thread", "batched")
 
 
 def emulate(out: Path, case: list[str], executor: str) -> dict:
     """One run in its own process; its summary.json."""
-    argv = [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", *case,
+    argv = [sys.executable, "-m", "p2p_emulator.cli", "--topology", "regular:d=4", *case,
             "--executor", executor, "--trace", "--quiet", "--no-plots", "--overwrite", "--out", str(out)]
     subprocess.run(argv, check=True, cwd=Path(__file__).parents[1])
     return json.loads((out / "summary.json").read_text())
@@ -51,7 +59,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    table = Table(title="dfedavgm on regular:d=4: --executor batched against --executor thread")
+    table = Table(title="regular:d=4: --executor batched against --executor thread")
     for column in ("run", "thread wall", "batched wall", "batched / thread", "peak RSS thread / batched",
                    "final test_acc thread / batched", "traffic identical"):
         table.add_column(column)

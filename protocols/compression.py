@@ -137,9 +137,9 @@ class Operator:
             dense = torch.zeros(n, dtype=dtype)
             dense[torch.from_numpy(part["i"].astype(np.int64))] = part["v"]
             return dense
-        if self.name == "sign":
-            bits = torch.from_numpy(np.unpackbits(part["b"], count=n).astype(np.float32))
-            return bits.mul_(2).sub_(1).mul_(part["s"]).to(dtype)
+        if self.name == "sign":  # -s or s in float32 by bit, looked up: as (2 bit - 1) s, in one step, not four
+            levels = np.array([-part["s"], part["s"]], dtype=np.float32)
+            return torch.from_numpy(levels.take(np.unpackbits(part["b"], count=n))).to(dtype)
         if self.name in wire.QUANTISERS:
             return wire.dequantise(part["c"], self.name, part["s"], n, dtype)
         if self.name == "qsgd":

@@ -15,7 +15,7 @@ from emulator.compute import BatchedExecutor, Compute, ComputeModel, ThreadExecu
 from tests.conftest import assert_refused
 from p2p_emulator.workloads import batched
 from p2p_emulator.workloads.models import build_model
-from p2p_emulator.workloads.training import accuracy, flat, float_state, mean_loss, mix, sgd
+from p2p_emulator.workloads.training import HeavyBall, accuracy, flat, float_state, mean_loss, mix, sgd
 
 TRAFFIC = ("links.csv", "messages.jsonl")  # per-link bytes and every message's send and arrival times
 QUIET = dict(trace=True, quiet=True, no_plots=True, model="mlp:hidden=32")
@@ -67,6 +67,20 @@ def test_batched_runs_send_the_thread_runs_bytes_and_train_the_same_models(name,
     for a, b in zip(_metrics(tmp_path / "thread"), _metrics(tmp_path / "batched"), strict=True):
         assert a.keys() == b.keys()
         assert all(a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6) for k in a), (a, b)
+
+
+@pytest.mark.parametrize("compress_op", ["sign", "topk:0.1"])
+def test_choco_trains_batched_with_its_carried_momentum_and_the_thread_runs_bytes(compress_op, tmp_path):
+    """CHOCO's momentum carries from round to round (sgd's carried=): its steps batch all the same, and as on
+    full batches of this model the gradients and the reported losses are sgd's to the bit, the run is the thread run."""
+    settings = dict(QUIET, protocol="choco", topology="regular:d=4", nodes=6, rounds=3, seed=5, compress_op=compress_op)
+    run(**settings, out=str(tmp_path / "thread"))
+    batch = run(**settings, executor="batched", out=str(tmp_path / "batched"))
+    jobs = batch.summary["executor"]["job_seconds"]
+    assert "sgd (batched)" in jobs and "sgd" not in jobs
+    assert batch.summary["executor"]["batched_jobs"] == 2 * 6 * 3  # each node's sgd and accuracy, every round
+    for name in (*TRAFFIC, "metrics.jsonl"):
+        assert _read(tmp_path / "thread", name) == _read(tmp_path / "batched", name), name
 
 
 @pytest.mark.parametrize("settings", [
@@ -180,6 +194,27 @@ def test_sgd_together_is_sgd_node_by_node(spec, sizes, kw):
                 assert torch.equal(u, v), name  # BatchNorm's batch counts
 
 
+def test_sgd_together_steps_each_nodes_carried_momentum_as_sgd_does():
+    models, data = _nodes("mlp:hidden=32", [40, 37, 3])
+    alone = [copy.deepcopy(m) for m in models]
+    kw = dict(epochs=1, steps=0, lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=16)
+    carried = [HeavyBall(m, kw["lr"], kw["momentum"], kw["weight_decay"]) for m in models]
+    carried_alone = [HeavyBall(m, kw["lr"], kw["momentum"], kw["weight_decay"]) for m in alone]
+    for r in range(3):
+        expected = [sgd(m, x, y, generator=torch.Generator().manual_seed(10 * r + i), carried=c, **kw)
+                    for i, (m, (x, y), c) in enumerate(zip(alone, data, carried_alone))]
+        got = batched.sgd_together([((m, x, y), dict(kw, generator=torch.Generator().manual_seed(10 * r + i),
+                                                     carried=c))
+                                    for i, (m, (x, y), c) in enumerate(zip(models, data, carried))])
+        assert [n for _, n in got] == [n for _, n in expected]
+        assert [loss for loss, _ in got] == pytest.approx([loss for loss, _ in expected], rel=1e-5)
+    for a, b, ca, cb in zip(alone, models, carried_alone, carried):
+        assert _relative_gap(a, b) < 1e-5
+        for p, q in zip(a.parameters(), b.parameters()):  # the buffers a fourth call would step with
+            u, v = ca.optimizer.state[p]["momentum_buffer"], cb.optimizer.state[q]["momentum_buffer"]
+            assert torch.linalg.vector_norm(u - v) <= 1e-5 * torch.linalg.vector_norm(u)
+
+
 def test_a_stack_is_the_models_storage_not_a_second_copy():
     models, data = _nodes("mlp:hidden=32", [10, 10, 10])
     kw = dict(epochs=1, steps=0, lr=0.1, momentum=0.9, weight_decay=0.0, batch_size=4)
@@ -237,6 +272,11 @@ def test_models_of_other_architectures_or_options_do_not_share_a_batch():
     assert key(other[0], *data[0], **kw) != key(mlp[0], *data[0], **kw)
     assert key(mlp[0], *data[0], **{**kw, "lr": 0.2}) != key(mlp[1], *data[1], **kw)
     assert key(mlp[0], *data[0], **kw, forward=lambda x, y: x) is None  # a custom forward pass runs alone
+    carried = [HeavyBall(m, kw["lr"], kw["momentum"], kw["weight_decay"]) for m in mlp]
+    assert key(mlp[0], *data[0], **kw, carried=carried[0]) == key(mlp[1], *data[1], **kw, carried=carried[1])
+    assert key(mlp[0], *data[0], **kw, carried=carried[0]) != key(mlp[0], *data[0], **kw)
+    assert key(mlp[0], *data[0], **kw, carried=carried[1]) is None  # another model's optimizer
+    assert key(mlp[0], *data[0], **{**kw, "lr": 0.2}, carried=carried[0]) is None  # sgd would step with 0.1
     cnn, images = _nodes("cnn-small", [8], shape=(1, 12, 12))
     assert key(cnn[0], *images[0], **kw) is None  # convolutions on a CPU: one node after another is faster
 

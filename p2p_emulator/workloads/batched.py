@@ -3,9 +3,9 @@
 Nodes whose models share one architecture and whose jobs share the hyper-parameters
 run together: `torch.func.vmap` over `functional_call` and `grad`, with the models'
 tensors stacked along a leading node axis. Each node keeps its own batch order (drawn
-from its own generator, exactly as `training.sgd` draws it), its own momentum buffer
-and its own BatchNorm statistics; results are `training.sgd`'s, `accuracy`'s and
-`mean_loss`'s up to float rounding.
+from its own generator, exactly as `training.sgd` draws it), its own momentum buffer (fresh,
+or its carried HeavyBall's, read and written back) and its own BatchNorm statistics; results
+are `training.sgd`'s, `accuracy`'s and `mean_loss`'s up to float rounding.
 
 Storage: the first time a set of fresh models runs together, their tensors move into
 one stack and each model's parameters and buffers become views of its row, so the stack
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .lazy import LazyModule
-from .training import accuracy, batches, float_state, mean_loss, mix, recurrent, sgd
+from .training import accuracy, batches, float_state, mean_loss, mix, recurrent, sgd, shift
 
 torch = LazyModule("torch")
 func = LazyModule("torch.func")
@@ -205,12 +205,26 @@ def _mask(lengths, length: int):
 
 def _sgd_key(model, x, y, *, epochs, steps, lr, momentum, weight_decay, batch_size, generator, forward=None,
              objective=None, parameters=None, carried=None):
-    if forward is not None or objective is not None or parameters is not None or carried is not None:
+    if forward is not None or objective is not None or parameters is not None:
+        return None
+    if carried is not None and not _plain_heavy_ball(carried, model, lr, momentum, weight_decay):
         return None
     if not _batchable(model, x):
         return None
     return (layout(model).architecture, tuple(x.shape[1:]), x.dtype, y.dtype, x.device, epochs, steps, lr, momentum,
-            weight_decay, batch_size)
+            weight_decay, batch_size, carried is not None)
+
+
+def _plain_heavy_ball(carried, model, lr, momentum, weight_decay) -> bool:
+    """Whether a carried HeavyBall steps as _sgd_update does: every parameter of the model in one group,
+    with the call's lr, momentum and weight decay (sgd steps with the optimizer's, and the key holds the call's)."""
+    optimizer = carried.optimizer
+    if len(optimizer.param_groups) != 1:
+        return False
+    group, mine = optimizer.param_groups[0], list(model.parameters())
+    return (len(group["params"]) == len(mine) and all(a is b for a, b in zip(group["params"], mine))
+            and (group["lr"], group["momentum"], group["weight_decay"]) == (lr, momentum, weight_decay)
+            and not (group["dampening"] or group["nesterov"] or group["maximize"]))
 
 
 def _batchable(model, x) -> bool:
@@ -238,7 +252,8 @@ def _sgd_rows(stack: Stack, calls: list) -> list[tuple[float, int]]:
     orders = [[idx for _ in range(passes) for idx in batches(len(y), o["batch_size"], kw["generator"], o["steps"])
                if len(idx) >= 2] for y, (_, kw) in zip(ys, calls)]
     params, buffers = stack.split()
-    momenta = {name: torch.zeros_like(value) for name, value in params.items()} if o["momentum"] else {}
+    carried = [kw.get("carried") for _, kw in calls]
+    momenta = _momenta(stack, params, carried) if o["momentum"] else {}
     device = xs[0].device
     totals = torch.zeros(len(calls), dtype=torch.float64, device=device)
     step = _step_function(stack.models[0])
@@ -255,14 +270,44 @@ def _sgd_rows(stack: Stack, calls: list) -> list[tuple[float, int]]:
                 x = _padded([xs[i][j] for i, j in zip(members, idx)], max(lengths))
                 y = _padded([ys[i][j] for i, j in zip(members, idx)], max(lengths))
                 with torch.enable_grad():
-                    grads, losses = step(p, b, x, y, _mask(counts, max(lengths)))
+                    grads, per_sample = step(p, b, x, y, _mask(counts, max(lengths)))
                 _sgd_update(p, grads, m, o)
                 for stacked, values in ((params, p), (buffers, b), (momenta, m)):
                     _put_rows(stacked, rows, values)
-                totals.index_add_(0, index, losses.double() * counts.double())
+                totals.index_add_(0, index, _batch_losses(per_sample, lengths).double() * counts.double())
     stack.write_back()
+    if momenta and carried[0] is not None:
+        _carry_momenta(stack, momenta, carried)
     seen = [sum(map(len, order)) for order in orders]
     return [(total / max(n, 1), n) for total, n in zip(totals.tolist(), seen)]
+
+
+def _named_parameters(model_layout) -> list[tuple[str, object]]:
+    return [(name, module._parameters[leaf]) for name, module, leaf, param in model_layout.slots if param]
+
+
+def _momenta(stack: Stack, params: dict, carried: list) -> dict:
+    """The momentum buffers, stacked: zeros (sgd's fresh buffers), or each carried HeavyBall's, zeros where it has
+    none yet (torch.optim.SGD's first step takes the gradient itself, as zero times momentum plus it does)."""
+    momenta = {name: torch.zeros_like(value) for name, value in params.items()}
+    if carried[0] is not None:
+        with torch.no_grad():
+            for row, (model_layout, heavy_ball) in enumerate(zip(stack.layouts, carried)):
+                state = heavy_ball.optimizer.state
+                for name, p in _named_parameters(model_layout):
+                    buffer = state.get(p, {}).get("momentum_buffer")
+                    if buffer is not None:
+                        momenta[name][row].copy_(buffer)
+    return momenta
+
+
+def _carry_momenta(stack: Stack, momenta: dict, carried: list) -> None:
+    """Each node's row of the stepped buffers back into its HeavyBall, for its next call."""
+    with torch.no_grad():
+        for row, (model_layout, heavy_ball) in enumerate(zip(stack.layouts, carried)):
+            state = heavy_ball.optimizer.state
+            for name, p in _named_parameters(model_layout):
+                state[p]["momentum_buffer"] = momenta[name][row].clone()
 
 
 def _steppers(orders: list[list], t: int, by_size: bool) -> list[list[int]]:
@@ -286,12 +331,22 @@ def _sgd_update(params: dict, grads: dict, momenta: dict, o: dict) -> None:
 
 
 def _step_function(template):
-    """vmap(grad) of one node's mean cross-entropy over the unmasked samples of a batch: (grads, losses)."""
+    """vmap(grad) of one node's mean cross-entropy over the unmasked samples of a batch: (grads, per-sample losses)."""
     def loss(p, b, x, y, mask):
         per_sample = F.cross_entropy(func.functional_call(template, (p, b), (x,)), y, reduction="none")
-        value = (per_sample * mask).sum() / mask.sum()
-        return value, value.detach()
+        return (per_sample * mask).sum() / mask.sum(), per_sample.detach()
     return func.vmap(func.grad(loss, has_aux=True))
+
+
+def _batch_losses(per_sample, lengths: list[int]):
+    """Each node's mean loss over its batch as sgd reports it: summed by nll_loss itself, whose order of
+    addition a masked sum does not keep (off in the 7th digit): from the same per-sample losses, sgd's to the bit."""
+    rows = per_sample.neg().unsqueeze(-1).unbind(0)  # each node's log-probabilities of its labels, as a column
+    labels = per_sample.new_zeros(per_sample.shape[1], dtype=torch.long)
+
+    def mean(row, n):  # slicing only a padded batch: a slice costs as much as the sum
+        return F.nll_loss(row, labels) if n == len(labels) else F.nll_loss(row[:n], labels[:n])
+    return torch.stack([mean(row, n) for row, n in zip(rows, lengths)])
 
 
 # -- evaluation (eval mode: every sample is scored on its own, so padding is exact)
@@ -382,4 +437,15 @@ def mix_by_layout(module, self_weight: float, others: list[tuple[float, dict]]) 
                                 alpha=weight)
 
 
-SHORTCUTS = {float_state: float_state_by_layout, mix: mix_by_layout}
+def shift_by_layout(module, delta: dict) -> None:
+    """training.shift, as one multi-tensor operation (CHOCO's and PowerGossip's consensus step)."""
+    model_layout = layout(module)
+    if model_layout.architecture is None:
+        return shift(module, delta)
+    state = model_layout.state()
+    values = [state[name] for name in delta]
+    with torch.no_grad():
+        torch._foreach_add_(values, [d.to(v.device, v.dtype) for v, d in zip(values, delta.values())])
+
+
+SHORTCUTS = {float_state: float_state_by_layout, mix: mix_by_layout, shift: shift_by_layout}
