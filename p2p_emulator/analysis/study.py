@@ -88,9 +88,14 @@ def seconds_per_round(run: Run) -> float:
     return per(run.emulated_seconds, summary_value(run, "rounds"))
 
 
-def kind_per_round(run: Run, kind: str, part: int) -> float:
-    """Messages (part 0) or bytes (part 1) of `kind` all nodes sent, per round (messages.jsonl)."""
-    return per(run.kinds.get(kind, (0, 0))[part], summary_value(run, "rounds"))
+def kind_messages_per_round(run: Run, kind: str) -> float:
+    """Messages of `kind` all nodes sent, per round (messages.jsonl)."""
+    return per(run.kinds.get(kind, (0, 0))[0], summary_value(run, "rounds"))
+
+
+def kind_bytes_per_round(run: Run, kind: str) -> float:
+    """Bytes of the messages of `kind` all nodes sent, per round (messages.jsonl)."""
+    return per(run.kinds.get(kind, (0, 0))[1], summary_value(run, "rounds"))
 
 
 def kind_sent(runs: list[Run], kind: str) -> str | None:
@@ -191,10 +196,10 @@ MEASURES = {
     "params_sent": Measure(params_sent, "params_sent or params_sent:FIRST-LAST (rounds, inclusive)", (round_range,),
                            optional=1),
     "messages_per_round": Measure(messages_per_round, "messages_per_round"),
-    "kind_bytes_per_round": Measure(lambda run, kind: kind_per_round(run, kind, 1),
+    "kind_bytes_per_round": Measure(kind_bytes_per_round,
                                     "kind_bytes_per_round:KIND (bytes all nodes sent per round in messages of KIND, "
                                     "messages.jsonl's kind; --trace)", (message_kind,), needs="trace", check=kind_sent),
-    "kind_messages_per_round": Measure(lambda run, kind: kind_per_round(run, kind, 0),
+    "kind_messages_per_round": Measure(kind_messages_per_round,
                                        "kind_messages_per_round:KIND (messages of KIND all nodes sent per round, "
                                        "messages.jsonl's kind; --trace)", (message_kind,), needs="trace",
                                        check=kind_sent),

@@ -282,8 +282,12 @@ def _sgd_rows(stack: Stack, calls: list) -> list[tuple[float, int]]:
     return [(total / max(n, 1), n) for total, n in zip(totals.tolist(), seen)]
 
 
-def _named_parameters(model_layout) -> list[tuple[str, object]]:
-    return [(name, module._parameters[leaf]) for name, module, leaf, param in model_layout.slots if param]
+def _carried_slots(stack: Stack, carried: list):
+    """(row, parameter name, the carried optimizer's state, the parameter) of every node's trained tensors."""
+    for row, (model_layout, heavy_ball) in enumerate(zip(stack.layouts, carried)):
+        for name, module, leaf, param in model_layout.slots:
+            if param:
+                yield row, name, heavy_ball.optimizer.state, module._parameters[leaf]
 
 
 def _momenta(stack: Stack, params: dict, carried: list) -> dict:
@@ -292,22 +296,18 @@ def _momenta(stack: Stack, params: dict, carried: list) -> dict:
     momenta = {name: torch.zeros_like(value) for name, value in params.items()}
     if carried[0] is not None:
         with torch.no_grad():
-            for row, (model_layout, heavy_ball) in enumerate(zip(stack.layouts, carried)):
-                state = heavy_ball.optimizer.state
-                for name, p in _named_parameters(model_layout):
-                    buffer = state.get(p, {}).get("momentum_buffer")
-                    if buffer is not None:
-                        momenta[name][row].copy_(buffer)
+            for row, name, state, p in _carried_slots(stack, carried):
+                buffer = state.get(p, {}).get("momentum_buffer")
+                if buffer is not None:
+                    momenta[name][row].copy_(buffer)
     return momenta
 
 
 def _carry_momenta(stack: Stack, momenta: dict, carried: list) -> None:
     """Each node's row of the stepped buffers back into its HeavyBall, for its next call."""
     with torch.no_grad():
-        for row, (model_layout, heavy_ball) in enumerate(zip(stack.layouts, carried)):
-            state = heavy_ball.optimizer.state
-            for name, p in _named_parameters(model_layout):
-                state[p]["momentum_buffer"] = momenta[name][row].clone()
+        for row, name, state, p in _carried_slots(stack, carried):
+            state[p]["momentum_buffer"] = momenta[name][row].clone()
 
 
 def _steppers(orders: list[list], t: int, by_size: bool) -> list[list[int]]:
