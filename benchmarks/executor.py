@@ -57,7 +57,7 @@ def job_overhead(executor, jobs: int) -> tuple[float, float]:
     """(seconds per job one at a time, jobs per second with all of them in flight) on a small kept model."""
     import torch
 
-    compute = Compute(ComputeModel("model", 0.0, 1.0, (1.0,) * 2), None, executor=executor)
+    compute = Compute(ComputeModel("per-sample", 0.0, 1.0, (1.0,) * 2), None, executor=executor)
     model = compute.keep(0, torch.nn.Linear(64, 10))
 
     # work 1 at no cost per unit: charged nothing, but a compute job (work 0 would run at once, inline)

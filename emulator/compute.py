@@ -19,19 +19,33 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from .clock import sleep
+from .work import DeviceProfile, Work
 
 
 @dataclass(frozen=True)
 class ComputeModel:
-    """How much emulated time a compute job is charged.
+    """How much emulated time a compute job is charged, times the node's slowdown.
 
-    kind "model": work * cost_per_unit * slowdown (deterministic);
-    kind "measured": the job's wall time * factor * slowdown.
+    kind "counted": the job's Work priced by the node's device profile (deterministic);
+    kind "per-sample": the Work's units (training-sample steps) * cost_per_unit;
+    kind "measured": the job's wall time * factor.
+    A job's work given as a plain number is that many units, at cost_per_unit, under either of the first two.
     """
     kind: str
     cost_per_unit: float
     factor: float
     slowdowns: tuple[float, ...]
+    profiles: tuple[DeviceProfile, ...] = ()
+
+    def charge(self, node: int, work: "float | Work") -> float:
+        """Emulated seconds node's job of `work` takes (kinds counted and per-sample)."""
+        if not isinstance(work, Work):
+            seconds = work * self.cost_per_unit
+        elif self.kind == "counted":
+            seconds = self.profiles[node].seconds(work)
+        else:
+            seconds = work.units * self.cost_per_unit
+        return seconds * self.slowdowns[node]
 
 
 class Resident:
@@ -260,7 +274,7 @@ class Compute:
         self.executor.keep(node, key, value)
         return Resident(node, key, length=_length(value))
 
-    async def run(self, node: int, fn: Callable, args: tuple, kwargs: dict, work: float, keep: bool = False):
+    async def run(self, node: int, fn: Callable, args: tuple, kwargs: dict, work: "float | Work", keep: bool = False):
         """fn(*args, **kwargs) as node's job; its result, or with `keep` a handle to the result left where it ran.
 
         A job of no work (taking the state to send, mixing in what arrived) is bookkeeping,
@@ -269,7 +283,7 @@ class Compute:
         the models it gathered until its turn: on a 256-node mesh, 256 x 255 models.)
         """
         target = (node, self._next_key(node)) if keep else None
-        if work == 0:
+        if not work:
             self.settle(node)
             result = self.executor.run_now(node, fn, args, kwargs, target)
             return Resident(*target) if keep else result
@@ -311,12 +325,11 @@ class Compute:
 
     def _submit(self, node, fn, args, kwargs, work, target):
         model = self.model
-        slowdown = model.slowdowns[node]
         self.settle(node)
         job = self._last[node] = self.executor.start(node, fn, args, kwargs, target)
         if model.kind == "measured":
-            return self.clock.submit(job, None, model.factor * slowdown)
-        return self.clock.submit(job, work * model.cost_per_unit * slowdown)
+            return self.clock.submit(job, None, model.factor * model.slowdowns[node])
+        return self.clock.submit(job, model.charge(node, work))
 
     def _next_key(self, node: int) -> int:
         self._keys[node] += 1

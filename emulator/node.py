@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Callable
 from .checkpoint import carried_bytes
 from .clock import sleep
 from .compute import Compute, Resident
+from .work import Work
 from .network import Message, Network
 from .recorder import Recorder
 from .seeds import Seeds, numpy_state, random_state, set_numpy_state, set_random_state
@@ -270,14 +271,15 @@ class Node:
         """
         return self._context.compute.keep(self.id, value)
 
-    async def compute(self, fn: Callable, *args, work: float = 1.0, keep: bool = False, **kwargs):
-        """Run fn(*args, **kwargs) as this node's job; emulated time is charged by the compute model.
+    async def compute(self, fn: Callable, *args, work: "float | Work" = 1.0, keep: bool = False, **kwargs):
+        """Run fn(*args, **kwargs) as this node's job; emulated time is charged by the compute model for its
+        `work`: a Work (counts of what the job does), or a number of units at --compute-cost each.
 
         Resident handles among args and kwargs (this node's own) reach fn as the objects
         they name. With keep=True the result stays where the job ran and a handle to it
         comes back (so fn cannot take a keyword named keep, nor work). fn must be
         importable (a module-level function), so that it can run on another machine. An
-        offline node starts a job of work > 0 once it is back, and time offline during the
+        offline node starts a job of any work once it is back, and time offline during the
         job does not count: the result comes that much later.
         """
         for value in (*args, *kwargs.values()):

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import networkx as nx
 
@@ -49,6 +49,8 @@ class RunInfo:
     console: Any = None
     state_in_process: bool = True  # nodes' models live in this process (False: on a cluster's workers)
     duration: float = 0.0  # --duration (0: none)
+    # charge(node, work): the emulated seconds node's job of that Work is charged (None under measured time)
+    charge: Callable[[int, Any], float] | None = None
 
     def write_json(self, name: str, obj: Any) -> None:
         """Write `obj` as strict JSON to the file `name` of the run directory (partition.json, ...)."""

@@ -10,7 +10,7 @@ from emulator import dynamics
 from emulator.adversaries import Adversaries
 from emulator.checkpoint import Checkpoints
 from emulator.clock import RealClock, VirtualClock
-from emulator.compute import BatchedExecutor, Compute, ThreadExecutor
+from emulator.compute import BatchedExecutor, Compute, ComputeModel, ThreadExecutor
 from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.ledger import Ledger
@@ -51,8 +51,10 @@ def build_topology(config: cfg.RunConfig):
 
 def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                     executor, scenario: dynamics.Scenario | None = None,
-                    on_round=lambda rnd, now: None, checkpointing: Checkpoints | None = None) -> Emulation:
-    """The clock, network, compute and availability the settings ask for, and the emulation over them."""
+                    on_round=lambda rnd, now: None, checkpointing: Checkpoints | None = None,
+                    compute_model: ComputeModel | None = None) -> Emulation:
+    """The clock, network, compute and availability the settings ask for, and the emulation over them
+    (compute_model: the one the settings make, when the caller has made it already)."""
     n = graph.number_of_nodes()
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
     seeds = Seeds(config.seed)
@@ -70,7 +72,8 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                           adversaries=_adversaries(config, n, seeds))
         availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                         if scenario.nodes_change else None)
-        compute = Compute(cfg.compute_model(config, n, seeds), clock, availability, executor)
+        compute_model = compute_model or cfg.compute_model(config, n, seeds)
+        compute = Compute(compute_model, clock, availability, executor)
         return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round,
                          checkpointing, config.duration, config.eval_every_seconds)
     except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs

@@ -28,6 +28,7 @@ from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
+from emulator.units import read_spec
 
 from . import __version__, checkpoints
 from . import scenario as scenarios
@@ -115,15 +116,17 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             if not resume:
                 writer.config({**asdict(config), **asdict(options)})
+            compute = cfg.compute_model(config, config.nodes, Seeds(config.seed))
             run_info = RunInfo(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
-                               state_in_process=config.executor != "ray", duration=config.duration)
+                               state_in_process=config.executor != "ray", duration=config.duration,
+                               charge=None if compute.kind == "measured" else compute.charge)
             protocol = protocol_cls(options, run_info)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None
             if config.checkpoint_every:
                 state, tensors = (saved["state"], saved["tensors"]) if saved is not None else (None, None)
                 plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save, state, tensors)
-            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan)
+            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan, compute)
         except UsageError:
             resources.close()
             writer.close()
@@ -216,6 +219,24 @@ def _node_time(emulation: Emulation) -> dict:
     return {**times, "idle_fraction": [idle / end if end else 0.0 for idle in times["idle_seconds"]]}
 
 
+def _compute_slowdowns(config: cfg.RunConfig, emulation: Emulation) -> dict:
+    """Each node's drawn compute slowdown, so that a reader sees who was slow; a constant speed slows
+    every node alike and adds nothing (its runs' summary.json stays as it was)."""
+    if read_spec(config.compute_speed).name == "constant":
+        return {}
+    return {"compute_slowdowns": {str(node): s for node, s in enumerate(emulation.compute.model.slowdowns)}}
+
+
+def _timeout(protocol) -> dict:
+    """A synchronous learning protocol's wait: --timeout and the longest round of compute it was lengthened by
+    (protocols.common.LearningProtocol.longest_round_of_compute)."""
+    compute = getattr(protocol, "compute_wait", 0.0)
+    if not compute:
+        return {}
+    return {"timeout": {"given": protocol.options.timeout - compute, "longest_compute": compute,
+                        "waited": protocol.options.timeout}}
+
+
 def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],
              wall: float, failures: list[str]) -> dict:
     totals = emulation.ledger.totals()
@@ -234,6 +255,8 @@ def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emul
         "final": final_metrics(rows, each_node_last=emulation.protocol.asynchronous),
         **({"staleness": spread} if (spread := staleness(rows)) else {}),
         "node_time": _node_time(emulation),
+        **_compute_slowdowns(config, emulation),
+        **_timeout(emulation.protocol),
         **({"bytes_by_phase": phases} if (phases := bytes_by_phase(rows)) else {}),
         **({"crashed": sorted(availability.crashed)} if availability is not None else {}),
         **({"adversaries": sorted(adversaries.nodes)} if (adversaries := emulation.network.adversaries) else {}),

@@ -27,6 +27,7 @@ from emulator.links import LinkSpec
 from emulator.seeds import Seeds
 
 from .scenario import check as check_dynamics
+from .workloads.profiles import ProfileError, node_profiles
 from .specs import node_rates, parse_adversaries, parse_corrupt, parse_delay, parse_loss, slowdowns
 
 
@@ -55,7 +56,8 @@ class RunConfig:
     downlink: str = "inf"
     compress: str = "none"
     max_message_size: str = "256MB"
-    compute_time: str = "model"
+    compute_time: str = "counted"
+    compute_profile: str = "reference"
     compute_cost: str = "1ms"
     compute_factor: float = 1.0
     compute_speed: str = "constant"
@@ -112,8 +114,14 @@ HELP = {
     "downlink": "per-node downlink capacity, as --uplink (node attribute downlink)",
     "compress": "wire compression of float tensors: none, fp16, bf16, q8, q4",
     "max_message_size": "messages larger than this are refused at send (e.g. 64MB)",
-    "compute_time": "model (work x cost x node slowdown) or measured (wall time x factor x slowdown)",
-    "compute_cost": "emulated time charged per unit of work (per sample for the learning protocols)",
+    "compute_time": "counted (each job's kernels, FLOPs and memory traffic, counted from the model, priced by "
+                    "--compute-profile), per-sample (--compute-cost per training sample, the old 'model') or "
+                    "measured (wall time x factor); each x the node's --compute-speed slowdown",
+    "compute_profile": "counted compute time's device: reference (the project's 2-core machine: the same times "
+                       "on any machine), host (this machine, calibrated once and cached), a training FLOP/s "
+                       "figure (5e9, 12G), or a CSV with header node,profile naming one of those per node "
+                       "(unlisted nodes: reference)",
+    "compute_cost": "--compute-time per-sample: emulated time charged per training sample",
     "compute_factor": "measured compute time only: multiplier on wall time",
     "compute_speed": "stragglers: per-node compute slowdown, constant, uniform:low=1,high=3, "
                      "lognormal:sigma=0.5, or stragglers:fraction=0.1,slowdown=5",
@@ -159,7 +167,7 @@ MAX_WORKERS = 1024
 # adds its models.
 NODE_FLOOR_BYTES = 10 * 1024
 CLOCKS = ("virtual", "real")
-COMPUTE_TIMES = ("model", "measured")
+COMPUTE_TIMES = ("counted", "per-sample", "measured")
 DEVICES = ("cpu", "cuda")
 EXECUTORS = ("thread", "batched", "ray")
 RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
@@ -308,7 +316,14 @@ def validate(config: RunConfig) -> None:
     if not config.compute_factor > 0:
         raise ConfigError(f"--compute-factor {config.compute_factor}: must be positive")
     _choice(config.clock, CLOCKS, "clock")
+    if config.compute_time == "model":
+        raise ConfigError("--compute-time model: renamed per-sample (--compute-cost per training sample); the "
+                          "default is now counted, from the model's own work (docs/compute-model.md)")
     _choice(config.compute_time, COMPUTE_TIMES, "compute-time")
+    try:
+        node_profiles(config.compute_profile, 0, calibrate=False)
+    except ProfileError as exc:
+        raise ConfigError(f"--compute-profile: {exc}") from None
     _choice(config.device, DEVICES, "device")
     _choice(config.executor, EXECUTORS, "executor")
     check_ray(config)
@@ -432,8 +447,12 @@ def capacities(graph: nx.Graph, attribute: str, default: str, seeds: Seeds) -> l
 
 def compute_model(config: RunConfig, num_nodes: int, seeds: Seeds) -> ComputeModel:
     """How long compute takes on each node: the --compute-* flags, with slowdowns drawn from the seed."""
+    try:
+        profiles = node_profiles(config.compute_profile, num_nodes) if config.compute_time == "counted" else ()
+    except ProfileError as exc:
+        raise ConfigError(f"--compute-profile: {exc}") from None
     return ComputeModel(config.compute_time, units.duration(config.compute_cost), config.compute_factor,
-                        slowdowns(config.compute_speed, num_nodes, seeds.numpy("compute.speed")))
+                        slowdowns(config.compute_speed, num_nodes, seeds.numpy("compute.speed")), profiles)
 
 
 CORES_VARIABLE = "EMULATE_CORES"  # the cores a run may use; a parallel sweep gives each run its share

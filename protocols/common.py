@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from emulator.compute import Resident, physical_memory
+from emulator.work import Work
 from emulator.errors import UsageError
 from emulator.protocol import Protocol
 from topologies import neighbour_weight
@@ -26,10 +27,9 @@ from p2p_emulator.workloads.task import (NodeTensors, Workload, WorkloadError, W
 from p2p_emulator.workloads.privacy import (ACCOUNTANT, Accountant, DPSpec, PrivacyError, dp_gradient, dp_sgd,
                                            noise_for, sample_rate, spent, steps_per_call)
 from p2p_emulator.workloads.training import accuracy, flat, float_state, gradient, sgd
+from p2p_emulator.workloads.work import ModelWork, model_work
 
 torch = LazyModule("torch")
-
-EVAL_COST = 1 / 3  # a forward pass costs about a third of a training step per sample
 
 STATE = "state"  # a model's (or encoder's) floating-point tensors
 DEGREE = "degree"  # the sender's (in-)degree: the receiver's w_ij needs it
@@ -246,10 +246,12 @@ class LearningProtocol(Protocol):
     state_copies = 4.0
     # Why --dp is refused: what the protocol releases from private data that DP-SGD's steps do not cover.
     dp_refused = ""
+    training_passes = 1  # the passes over each sample a round's training makes (two augmented views: 2)
 
     def __init__(self, options, run_info, **workload):
         super().__init__(options, run_info)
         self.dp = dp_spec(options)
+        self._counted: dict[str, ModelWork] = {}
         if self.dp is not None and self.dp_refused:
             raise UsageError(f"--dp: {self.name} {self.dp_refused}, which DP-SGD does not cover")
         try:
@@ -260,6 +262,38 @@ class LearningProtocol(Protocol):
         self.check_memory()
         if self.dp is not None:
             self.check_dp()
+        self.compute_wait = self.longest_round_of_compute()
+        if self.compute_wait:
+            self.options = replace(self.options, timeout=self.options.timeout + self.compute_wait)
+
+    def longest_round_of_compute(self) -> float:
+        """The emulated seconds of the longest round of compute any node may be charged (each count's most over
+        the data holders, on the slowest node): what a synchronous protocol's --timeout is lengthened by, so
+        that no node loses a neighbour only because the neighbour's compute outlasted the wait.
+        0 for an asynchronous protocol, one without --timeout, a run of no rounds, and under --compute-time
+        measured."""
+        charge, o = self.run_info.charge, self.options
+        if self.asynchronous or charge is None or not hasattr(o, "timeout") or not self.run_info.rounds:
+            return 0.0
+        works = [self.round_work(part) for part in range(len(self.workload.archs))]
+        most = Work(*(max(counts) for counts in zip(*map(astuple, works))))
+        return max(charge(node, most) for node in range(self.run_info.num_nodes))
+
+    def round_work(self, part: int) -> Work:
+        """Data holder `part`'s round of compute: its local training, and its scoring."""
+        o, split = self.options, self.workload.partition.nodes[part]
+        samples = getattr(o, "local_steps", 0) * o.batch_size or o.local_epochs * len(split.train)
+        tested = len(self.workload.global_test()[1]) if self.workload.test_set == "global" else len(split.test)
+        work = self.counted_work(part)
+        return work.training(samples, o.batch_size) * self.training_passes + work.scoring(tested)
+
+    def counted_work(self, part: int) -> ModelWork:
+        """The counted work of data holder `part`'s model (counted once per architecture)."""
+        arch = self.workload.archs[part]
+        if arch not in self._counted:
+            data = self.workload.data(part)
+            self._counted[arch] = model_work(self.initial_model(part), *data_sample(data))
+        return self._counted[arch]
 
     def check_dp(self) -> None:
         """Refuse what per-sample clipping cannot bound, and a target epsilon without a plan of the steps."""
@@ -314,7 +348,8 @@ class LearningProtocol(Protocol):
         tensor a handle whose len() is its sample count.
         """
         part = node.id if part is None else part
-        model, data = node.keep(self.initial_model(part)), keep_data(node, self.workload.data(part))
+        initial, tensors = self.initial_model(part), self.workload.data(part)
+        model, data = node.keep(initial), keep_data(node, tensors, initial)
         if self.dp is not None:
             plan = self.privacy_plan(part)
             data = replace(data, accountant=node.keep(Accountant(self.dp.clip, plan["noise"], plan["rate"],
@@ -336,21 +371,22 @@ class LearningProtocol(Protocol):
                     **extra) -> float:
         """Local SGD as the options say (local_epochs or local_steps, lr, momentum, ...); returns the mean loss.
 
-        `job` is sgd or a job taking sgd's arguments and `extra`; a sample is charged `passes` training steps.
-        `epochs` replaces --local-epochs.
+        `job` is sgd or a job taking sgd's arguments and `extra`; it is charged `passes` times the work of
+        sgd's steps. `epochs` replaces --local-epochs.
         """
         o = self.options
         epochs = o.local_epochs if epochs is None else epochs
         samples = o.local_steps * o.batch_size if o.local_steps else epochs * len(data.train_y)
+        work = data.work.training(samples, o.batch_size) * passes
         if self.dp is not None:
-            return await self.train_privately(node, model, data, job, epochs, work=samples * passes, **extra)
+            return await self.train_privately(node, model, data, job, epochs, work=work, **extra)
         loss, _ = await node.compute(
             job, model, data.train_x, data.train_y, epochs=epochs, steps=o.local_steps, lr=o.lr,
             momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
-            generator=node.torch_generator, work=samples * passes, **extra)
+            generator=node.torch_generator, work=work, **extra)
         return loss
 
-    async def train_privately(self, node, model, data, job, epochs: int, work: float, **extra) -> float:
+    async def train_privately(self, node, model, data, job, epochs: int, work: Work, **extra) -> float:
         """train's DP-SGD: the steps, then the node's epsilon so far into its row (and privacy.jsonl)."""
         if job is not sgd or data.accountant is None:
             raise UsageError(f"--dp: {self.name} trains with {getattr(job, '__name__', job)}, "
@@ -365,15 +401,15 @@ class LearningProtocol(Protocol):
 
     async def stochastic_gradient(self, node, model, data) -> tuple[dict, float]:
         """One minibatch's gradient at the model as it stands (training.gradient), or under --dp one
-        DP-SGD step's noisy gradient; charged --batch-size samples. ({name: gradient}, loss)."""
+        DP-SGD step's noisy gradient; charged one training step. ({name: gradient}, loss)."""
         o = self.options
+        work = data.work.training(o.batch_size, o.batch_size)
         if self.dp is None:
             return await node.compute(gradient, model, data.train_x, data.train_y, batch_size=o.batch_size,
-                                      weight_decay=o.weight_decay, generator=node.torch_generator,
-                                      work=o.batch_size)
+                                      weight_decay=o.weight_decay, generator=node.torch_generator, work=work)
         out = await node.compute(dp_gradient, model, data.train_x, data.train_y, accountant=data.accountant,
                                  batch_size=o.batch_size, weight_decay=o.weight_decay,
-                                 generator=node.torch_generator, work=o.batch_size)
+                                 generator=node.torch_generator, work=work)
         await self.account(node, data)
         return out
 
@@ -397,7 +433,7 @@ class LearningProtocol(Protocol):
         if not len(data.test_y):
             return {}
         return {"test_acc": await node.compute(accuracy, model, data.test_x, data.test_y,
-                                               work=len(data.test_y) * EVAL_COST)}
+                                               work=data.work.scoring(len(data.test_y)))}
 
     async def log_final_scores(self, node, model, data) -> None:
         """An asynchronous protocol's node, once its last step is done: its scores into that step's row,
@@ -447,10 +483,17 @@ class CarriedModel:
     model: Resident
 
 
-def keep_data(node, data: NodeTensors) -> NodeTensors:
-    """The node's splits kept where its jobs run: the same fields, each tensor replaced by its handle."""
-    return replace(data, **{f.name: node.keep(getattr(data, f.name)) for f in fields(data)
-                            if torch.is_tensor(getattr(data, f.name))})
+def data_sample(data: NodeTensors) -> tuple:
+    """(x, y) of the node's training split, or of its test split when it has no training samples: what
+    the counted work of its model is counted on."""
+    return (data.train_x, data.train_y) if len(data.train_y) else (data.test_x, data.test_y)
+
+
+def keep_data(node, data: NodeTensors, model) -> NodeTensors:
+    """The node's splits kept where its jobs run: the same fields, each tensor replaced by its handle; with
+    the counted work of `model` (the model the node trains) on them."""
+    return replace(data, work=model_work(model, *data_sample(data)), **{
+        f.name: node.keep(getattr(data, f.name)) for f in fields(data) if torch.is_tensor(getattr(data, f.name))})
 
 
 # -- results

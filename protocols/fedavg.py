@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from emulator.errors import UsageError
 from emulator.protocol import register
 from p2p_emulator.workloads.training import load_state, mix
+from p2p_emulator.workloads.work import model_work
 
 from .common import (STATE, CarriedModel, LearningProtocol, SGDOptions, TimeoutOptions, default, expects, keep_data,
                      positive_int, entry_count, test_scores)
@@ -95,15 +96,17 @@ class ServerAndClients(LearningProtocol):
         """--rounds 0: the scores a round would log, of the initial global model."""
         if node.id == self.server:
             if self.workload.test_set == "global":
-                node.log(**await self.scores(node, node.keep(self.workload.model(0)), self._global_test(node)))
+                model = self.workload.model(0)
+                node.log(**await self.scores(node, node.keep(model), self._global_test(node, model)))
         elif self.workload.test_set == "local":
-            data = keep_data(node, self.workload.data(self.part[node.id]))
-            node.log(**await self.scores(node, node.keep(self.workload.model(0)), data))
+            model = self.workload.model(0)
+            data = keep_data(node, self.workload.data(self.part[node.id]), model)
+            node.log(**await self.scores(node, node.keep(model), data))
 
-    def _global_test(self, node):
-        """The whole test split, kept where the server's jobs run."""
+    def _global_test(self, node, model):
+        """The whole test split, kept where the server's jobs run, with the counted work of scoring `model`."""
         x, y = self.workload.global_test()
-        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y))
+        return SimpleNamespace(test_x=node.keep(x), test_y=node.keep(y), work=model_work(model, x, y))
 
 
 @register("fedavg")
@@ -128,8 +131,9 @@ class FedAvg(ServerAndClients):
             Plan.of(options, n).check(f"--clients-per-round {n}" if options.clients_per_round else f"{n} clients")
 
     async def _serve(self, node):
-        model = node.keep(self.workload.model(0))  # the common start x0
-        test = self._global_test(node) if self.workload.test_set == "global" else None
+        initial = self.workload.model(0)  # the common start x0
+        model = node.keep(initial)
+        test = self._global_test(node, initial) if self.workload.test_set == "global" else None
         if test is not None:
             node.score_with(test_scores, model, test.test_x, test.test_y)
         node.carry(CarriedModel(model))

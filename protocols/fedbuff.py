@@ -143,8 +143,9 @@ class FedBuff(ServerAndClients):
 
     async def _serve(self, node):
         o = self.options
-        server = Server(node.keep(self.workload.model(0)))  # the common start x0, version 0
-        test = self._global_test(node) if self.workload.test_set == "global" else None
+        initial = self.workload.model(0)  # the common start x0, version 0
+        server = Server(node.keep(initial))
+        test = self._global_test(node, initial) if self.workload.test_set == "global" else None
         if test is not None:
             node.score_with(test_scores, server.model, test.test_x, test.test_y)
         if o.buffer > 1:

@@ -215,6 +215,7 @@ class FedClassAvg(PersonalisedStar):
     Options = FedClassAvgOptions
     checkpointable = True
     state_copies = 3.0  # the model, Adam's two moments during a round (as MAPL's PML)
+    training_passes = 2  # two views a sample
 
     def __init__(self, options, run_info):
         super().__init__(options, run_info)
@@ -227,7 +228,8 @@ class FedClassAvg(PersonalisedStar):
             local_training, model, data.train_x, data.train_y, shared, self.stats, epochs=o.local_epochs,
             batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1, weight_decay=o.weight_decay, tau=o.tau,
             base_tau=o.base_tau, mu=o.mu, crop_scale=o.crop_scale, generator=node.torch_generator,
-            work=2 * o.local_epochs * training.full_batch_samples(n, o.batch_size))  # two views per sample
+            work=data.work.training(o.local_epochs * training.full_batch_samples(n, o.batch_size), o.batch_size)
+            * self.training_passes)
         return loss, {HEAD: await node.compute(head, model, work=0), "samples": n}
 
     combine = staticmethod(sample_weighted_mean)

@@ -46,8 +46,9 @@ from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.task import WorkloadOptions
 from p2p_emulator.workloads.training import accuracy, mean_loss, sgd
+from p2p_emulator.workloads.work import FORWARD_SHARE
 
-from .common import EVAL_COST, LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
+from .common import LearningProtocol, SGDOptions, TimeoutOptions, check, default, expects
 from .fedavg import from_server, star
 
 torch = LazyModule("torch")
@@ -252,8 +253,8 @@ class Linked(LearningProtocol):
         kept, best_epoch = node.keep(self.initial_model(part)), node.keep(self.initial_model(part))
         return model, data, kept, best_epoch, node.keep(self.public) if self.public is not None else None
 
-    async def represent(self, node, model, public, index) -> dict:
-        return {REPS: await node.compute(represent, model, public, index, work=len(index) * EVAL_COST)}
+    async def represent(self, node, model, data, public, index) -> dict:
+        return {REPS: await node.compute(represent, model, public, index, work=data.work.scoring(len(index)))}
 
     async def early_stopping(self, node, model, data, best, max_epochs: int) -> tuple[float | None, int]:
         """Up to max_epochs epochs, stopping after --patience without a lower loss on the early-stopping split
@@ -279,7 +280,7 @@ class Linked(LearningProtocol):
 
     @staticmethod
     async def validation_loss(node, model, data) -> float:
-        return await node.compute(mean_loss, model, data.val_x, data.val_y, work=len(data.val_y) * EVAL_COST)
+        return await node.compute(mean_loss, model, data.val_x, data.val_y, work=data.work.scoring(len(data.val_y)))
 
     async def learn(self, node, model, data, best, public, index, body: dict | None) -> dict:
         """Steps 5-6 for the round; the metrics."""
@@ -288,9 +289,10 @@ class Linked(LearningProtocol):
             metrics["distil_loss"] = await node.compute(
                 distil, model, public, index, body[TARGET], body[WEIGHT], epochs=o.dist_epochs, lr=o.lr,
                 momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
-                generator=node.torch_generator, work=o.dist_epochs * len(index))
+                generator=node.torch_generator, work=data.work.training(o.dist_epochs * len(index), o.batch_size))
             if o.finetune_epochs:
-                await self.train(node, model, data, job=finetune, passes=EVAL_COST, epochs=o.finetune_epochs)
+                await self.train(node, model, data, job=finetune, passes=FORWARD_SHARE,
+                                 epochs=o.finetune_epochs)
         loss, epochs = await self.early_stopping(node, model, data, best, o.local_epochs)
         return {**metrics, "regularised": body is not None, "local_epochs_run": epochs,
                 **({"train_loss": loss} if loss is not None else {})}
@@ -300,7 +302,7 @@ class Linked(LearningProtocol):
         if not len(data.rollback_y):
             return best_acc, await self.evaluate(node, model, data)
         acc = await node.compute(accuracy, model, data.rollback_x, data.rollback_y,
-                                 work=len(data.rollback_y) * EVAL_COST)
+                                 work=data.work.scoring(len(data.rollback_y)))
         if acc >= best_acc:
             best_acc = acc
             await node.compute(copy_model, kept, model, work=0)
@@ -390,7 +392,7 @@ class FedLinked(Linked):
             index, body = self.public_index(node.round), None
             # behind the server (it answered a later round), a client learns alone until it has caught up
             if o.eta > 0 and node.round >= state.resume and self.server in node.neighbours:
-                node.send(self.server, REPS, await self.represent(node, model, public, index))
+                node.send(self.server, REPS, await self.represent(node, model, data, public, index))
                 message = await from_server(node, TARGET, self.target_check(len(index)),
                                             self.wait(node.round) + o.timeout)
                 if message is not None and message.round > node.round:
@@ -417,7 +419,7 @@ class FedLinkedP2P(Linked):
             first = await self.pretrained(node, state, data)
             index, body, heard = self.public_index(node.round), None, {}
             if o.eta > 0:
-                own = await self.represent(node, model, public, index)
+                own = await self.represent(node, model, data, public, index)
                 node.broadcast(REPS, own)
                 heard = await node.gather(REPS, timeout=self.wait(node.round), valid=self.reps_check(len(index)))
                 body = await self.regularise(node, node.id, own[REPS], {k: m.body[REPS] for k, m in heard.items()})

@@ -41,7 +41,7 @@ from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import load_state, mean_loss, sgd
 
-from .common import (EVAL_COST, STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
+from .common import (STATE, CarriedModel, CheckedOptions, LearningProtocol, SGDOptions, TimeoutOptions, check, default,
                      expects, last_rows, like, positive_int, entry_count)
 from .fedavg import FedAvg, FedAvgOptions
 
@@ -233,7 +233,7 @@ class Modular(LearningProtocol):
         if not self.routed(node.round):
             return await node.compute(wire_everything, network, work=0)
         return await node.compute(draw_decision, network, data.train_x, data.train_y, node.torch_generator,
-                                  work=len(data.train_y) * EVAL_COST)
+                                  work=data.work.scoring(len(data.train_y)))
 
     async def train(self, node, network, data) -> float:
         trains_router = self.routed(node.round) and self.options.trains_router

@@ -81,7 +81,7 @@ from emulator.protocol import register
 from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.training import full_batch_samples, full_batches
 
-from .common import EVAL_COST, SGDOptions, check, expects, option_help
+from .common import SGDOptions, check, expects, option_help
 from .personalised import PersonalisedOptions, PersonalisedStar
 
 torch = LazyModule("torch")
@@ -224,7 +224,8 @@ class FedProto(PersonalisedStar):
         loss, proto_loss, body = await node.compute(
             local_update, model, data.train_x, data.train_y, shared, ld=o.ld, epochs=o.local_epochs, lr=o.lr,
             momentum=o.momentum, weight_decay=o.weight_decay, batch_size=o.batch_size,
-            generator=node.torch_generator, work=o.local_epochs * full_batch_samples(n, o.batch_size))
+            generator=node.torch_generator,
+            work=data.work.training(o.local_epochs * full_batch_samples(n, o.batch_size), o.batch_size))
         node.log(train_proto_loss=proto_loss)
         return loss, body
 
@@ -240,4 +241,4 @@ class FedProto(PersonalisedStar):
         if not self.scores_due(node) or not len(data.test_y):
             return {}
         return await node.compute(fedproto_scores, model, data.test_x, data.test_y, data.train_y, shared,
-                                  work=len(data.test_y) * EVAL_COST)
+                                  work=data.work.scoring(len(data.test_y)))

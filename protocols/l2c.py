@@ -184,7 +184,7 @@ class L2C(LearningProtocol):
                                       timeout=o.timeout, valid=like(own))
             bodies = {node.id: own, **{j: m.body for j, m in heard.items()}}
             weights, val_loss = await node.compute(collaborate, mixer, model, start, bodies, data.val_x, data.val_y,
-                                                   work=len(data.val_y))
+                                                   work=data.work.training(len(data.val_y), max(len(data.val_y), 1)))
             heard_from = len(heard)
             del heard, bodies  # mixed: the neighbours' updates go now, not at the next round's gather
             node.record("graph", weights={str(j): w for j, w in weights.items()})

@@ -276,6 +276,7 @@ class MAPL(LearningProtocol):
     Options = MapLOptions
     checkpointable = True
     state_copies = 3.0
+    training_passes = 2  # two augmented views a sample
     averages_backbones = False
 
     def __init__(self, options, run_info):
@@ -301,7 +302,7 @@ class MAPL(LearningProtocol):
                 pml.personalised_learning, model, state.prototypes, data.train_x, data.train_y, views, self.stats,
                 epochs=o.local_epochs, batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1,
                 weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
-                work=2 * o.local_epochs * len(data.train_y))  # two views per sample
+                work=data.work.training(o.local_epochs * len(data.train_y), o.batch_size) * self.training_passes)
             learn_graph = not o.mapl_no_cgl and r >= self.t_thr
             while (notice := await node.recv(timeout=0, kind=DROP, valid=like(None))) is not None:
                 row.drop(notice.src)

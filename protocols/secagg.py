@@ -301,15 +301,15 @@ async def recover_sum(node, t: int, keys: dict, masked: dict, answers: dict, sur
             total += y
     expansions = len(seeds) + sum(map(len, survivors_of.values()))
     return await node.compute(crypto.unmask, total, node.round, seeds, private, survivors_of,
-                              work=expansions * (len(total) * crypto.PRG_ENTRY_WORK + crypto.AGREEMENT_WORK))
+                              work=crypto.work(expansions * (len(total) * crypto.PRG_ENTRY_WORK + crypto.AGREEMENT_WORK)))
 
 
 async def rebuild(node, t: int, b_shares, s_shares, keys) -> tuple[dict[int, bytes], dict[int, bytes]]:
     """The survivors' self-mask seeds and the dropped clients' s keys, each s checked against its public key."""
     seeds, private, wrong = await node.compute(
         crypto.recover, b_shares, s_shares, {v: keys[v][1] for v in s_shares},
-        work=(len(b_shares) + len(s_shares)) * (2 * t**2 * crypto.FIELD_WORK + crypto.INVERSE_WORK)
-        + len(s_shares) * crypto.AGREEMENT_WORK)
+        work=crypto.work((len(b_shares) + len(s_shares)) * (2 * t**2 * crypto.FIELD_WORK + crypto.INVERSE_WORK)
+                         + len(s_shares) * crypto.AGREEMENT_WORK))
     if wrong:
         raise Failed(UNMASK, f"the rebuilt mask keys of clients {wrong} do not match their public keys")
     return seeds, private
@@ -354,7 +354,7 @@ class SecureClient:
     async def round(self, node, protocol, model, data, start: dict, next_message) -> dict:
         """Keys, shares, training, masked input, unmask; the metrics to log ({} if the round was abandoned)."""
         keys = await node.compute(crypto.client_keys, node.seeds.numpy("secagg.keys", node.id, node.round).bytes(96),
-                                  work=2 * crypto.AGREEMENT_WORK)
+                                  work=crypto.work(2 * crypto.AGREEMENT_WORK))
         node.send(self.server, KEYS, {"round": node.round, "c": keys["c"], "s": keys["s"]})
         message = await next_message(node, KEYS, expects(round=this_round(node), t=int,
                                                          keys=id_map(range(node.num_nodes), key_pair_list)))
@@ -374,8 +374,8 @@ class SecureClient:
         length = input_length(start)
         y, fault = await node.compute(crypto.masked_input, model, start, len(data.train_y), keys, node.id,
                                       node.round, mask_peers, self.cohort,
-                                      work=(len(mask_peers) + 1) * length * crypto.PRG_ENTRY_WORK
-                                      + len(mask_peers) * crypto.AGREEMENT_WORK)
+                                      work=crypto.work((len(mask_peers) + 1) * length * crypto.PRG_ENTRY_WORK
+                                                       + len(mask_peers) * crypto.AGREEMENT_WORK))
         if y is None:  # a dropout from here on: the server rebuilds its s key and sums the others' inputs
             node.record("secagg", outcome="withheld", phase=MASKED, reason=fault)
             return {"train_loss": loss, "params_sent": 0, "secagg_refused": len(refused)}
@@ -391,14 +391,14 @@ class SecureClient:
         r = node.round
         sealed_out, own = await node.compute(
             crypto.share_secrets, keys, node.id, r, peers, threshold, node.seeds.integer("secagg.shamir", node.id, r),
-            work=len(peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * threshold * crypto.FIELD_WORK))
+            work=crypto.work(len(peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * threshold * crypto.FIELD_WORK)))
         node.send(self.server, SHARES, {"round": r, "shares": sealed_out})
         message = await next_message(node, SHARES, expects(round=this_round(node), shares=id_map(peers, sealed)))
         if message is None:
             return None
         relayed = message.body["shares"]
         held, refused = await node.compute(crypto.open_shares, keys, node.id, r, peers, relayed,
-                                           work=len(relayed) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK))
+                                           work=crypto.work(len(relayed) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK)))
         held[node.id] = own
         # every sender in U2 masks with this client, whether or not its shares opened
         return held, {u: peers[u][1] for u in relayed}, refused

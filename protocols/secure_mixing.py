@@ -129,7 +129,7 @@ class SecureMixing:
     async def _advertise(self, node, peers) -> dict[int, Part]:
         """Phase 1: fresh keys for each neighbour's aggregation."""
         material = {i: node.seeds.numpy("secagg.keys", node.id, node.round, i).bytes(96) for i in peers}
-        keys = await node.compute(aggregation_keys, material, work=2 * len(peers) * crypto.AGREEMENT_WORK)
+        keys = await node.compute(aggregation_keys, material, work=crypto.work(2 * len(peers) * crypto.AGREEMENT_WORK))
         for i in peers:
             node.send(i, KEYS, {"round": node.round, "c": keys[i]["c"], "s": keys[i]["s"], "degree": len(peers)})
         return {i: Part(keys[i]) for i in peers}
@@ -155,7 +155,7 @@ class SecureMixing:
             sealed_out, own_share = await node.compute(
                 crypto.share_secrets, part.keys, node.id, node.round, part.peers, part.t,
                 node.seeds.integer("secagg.shamir", node.id, node.round, i),
-                work=len(part.peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * part.t * crypto.FIELD_WORK))
+                work=crypto.work(len(part.peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * part.t * crypto.FIELD_WORK)))
             part.held[node.id] = own_share
             node.send(i, SHARES, {"round": node.round, "shares": sealed_out})
         return joined
@@ -184,7 +184,7 @@ class SecureMixing:
                 continue
             relayed = message.body["shares"]
             held, _ = await node.compute(crypto.open_shares, part.keys, node.id, node.round, part.peers, relayed,
-                                         work=len(relayed) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK))
+                                         work=crypto.work(len(relayed) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK)))
             part.held.update(held)
             part.maskers = {u: part.peers[u][1] for u in relayed}
             on[i] = part
@@ -197,8 +197,8 @@ class SecureMixing:
         for i, part in parts.items():
             y, fault = await node.compute(crypto.masked_model, model, part.weight, part.keys, node.id,
                                           node.round, part.maskers, len(part.peers) + 1,
-                                          work=(len(part.maskers) + 1) * length * crypto.PRG_ENTRY_WORK
-                                          + len(part.maskers) * crypto.AGREEMENT_WORK)
+                                          work=crypto.work((len(part.maskers) + 1) * length * crypto.PRG_ENTRY_WORK
+                                                           + len(part.maskers) * crypto.AGREEMENT_WORK))
             if y is None:
                 node.record("secagg", outcome="withheld", phase=MASKED, aggregator=i, reason=fault)
                 continue

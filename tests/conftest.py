@@ -89,7 +89,7 @@ def network(clock, graph: nx.Graph, *, latency: str = "0ms", bandwidth: float = 
 def nodes(net: Network, *, compute_cost: float = 1e-3, rounds: int = 1, seed: int = 0) -> list[Node]:
     """One Node per node of `net`, each charged compute_cost per unit of work."""
     n, clock = net.num_nodes, net.clock
-    compute = Compute(ComputeModel("model", compute_cost, 1.0, (1.0,) * n), clock)
+    compute = Compute(ComputeModel("per-sample", compute_cost, 1.0, (1.0,) * n), clock)
     recorder = Recorder(n, net.ledger, lambda rnd, snapshots: {}, lambda rnd, now: None)
     return [Node(NodeContext(i, net, clock, compute, recorder, rounds, Seeds(seed))) for i in range(n)]
 

@@ -11,7 +11,9 @@ from emulator import wire
 from protocols.dfedavgm import DFedAvgM, DFedAvgMOptions
 from p2p_emulator.workloads.datasets import load_dataset
 from p2p_emulator.workloads.models import build_model
+from p2p_emulator.workloads.profiles import REFERENCE
 from p2p_emulator.workloads.training import float_state
+from p2p_emulator.workloads.work import model_work
 
 RING8 = ["--topology", "ring", "--nodes", "8", "--dataset", "digits", "--partition", "iid",
          "--quiet", "--no-plots"]
@@ -94,10 +96,12 @@ def test_dpsgd_runs_one_step_per_round_and_evaluates_every_k(tmp_path, rounds, e
                                "--eval-every", str(every))
     assert summary["messages_total"] == 8 * 2 * rounds
     size = summary["bytes_total"] / summary["messages_total"]
-    # Round 0: one step of 32 samples at 1 ms per sample, then 10 ms latency and the model at 100 Mbps.
-    step = 0.032 + 0.010 + size * 8 / 100e6
-    # The whole digits test split (global for iid), a third of a step per sample.
-    evaluation = len(load_dataset("digits").test_y) / 3 * 1e-3
+    # Round 0: one step of 32 samples, its counted work at the reference device's prices, then 10 ms latency
+    # and the model at 100 Mbps; the evaluation, a forward pass over the whole digits test split (global for iid).
+    digits = load_dataset("digits")
+    work = model_work(build_model("cnn-small", digits.shape, 10), digits.train_x[:4].float(), digits.train_y[:4])
+    step = REFERENCE.seconds(work.training(32, 32)) + 0.010 + size * 8 / 100e6
+    evaluation = REFERENCE.seconds(work.scoring(len(digits.test_y)))
     evaluated = [r for r in range(rounds) if (r + 1) % every == 0 or r == rounds - 1]
     for row in metrics:
         assert ("test_acc" in row) == (row["round"] in evaluated)

@@ -128,7 +128,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, args, named):
 
 def test_churn_drops_messages_and_the_run_completes(tmp_path):
     summary, metrics = _run(tmp_path / "r", *STAR9, "--rounds", str(ROUNDS), "--churn", "up=2s,down=1s",
-                            "--timeout", "0.5")
+                            "--timeout", "0.5", "--compute-time", "per-sample")  # rounds of seconds: churn hits
     assert summary["dropped_offline"] > 0
     server = [r for r in metrics if r["node"] == 0]
     assert [r["round"] for r in server] == list(range(ROUNDS))

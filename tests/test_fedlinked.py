@@ -234,7 +234,8 @@ def test_with_more_clients_a_node_ranks_a_group_mate_first(tmp_path, groups, cla
 def test_fedlinked_p2p_runs_under_churn_without_deadlock(tmp_path):
     summary, metrics = _run(tmp_path / "churn", *SMALL, "--protocol", "fedlinked-p2p", "--topology", "regular:d=4",
                             "--nodes", "8", "--rounds", "4", "--partition", "fedlinked:groups=2,classes=3,samples=60",
-                            "--churn", "up=2s,down=1s", "--timeout", "1")
+                            "--churn", "up=2s,down=1s", "--timeout", "1",
+                            "--compute-time", "per-sample")  # rounds of seconds: churn hits
     assert summary["dropped_offline"] > 0  # churn did cut messages
     assert {r["node"] for r in metrics if r["round"] == 3} == set(range(8))
     assert any(not r["regularised"] for r in metrics)  # some rounds heard no one

@@ -56,14 +56,17 @@ def test_every_node_puts_its_weight_on_its_own_cluster(tmp_path, seed, horizon):
 
 def test_a_run_cut_short_is_the_first_rounds_of_the_users_command(tmp_path):
     """Nothing but T_thr (rounds // 4 by default) depends on --rounds: the cut-short runs above stand for
-    the user's whole command."""
+    the user's whole command. (Only what a node received differs: the four backbones train at their own
+    speeds, so in the longer run a faster neighbour's next-round model lands in a slower node's row.)"""
     assert main([*USER, "--rounds", "4", "--seed", "1", "--out", str(tmp_path / "user")]) == 0
     assert main([*USER, "--rounds", "2", "--t-thr", "1", "--seed", "1", "--out", str(tmp_path / "short")]) == 0
     assert min(row["round"] for row in jsonl(tmp_path / "user" / "graph.jsonl") if row["similarity"]) == 4 // 4
+    received = ("msgs_received", "bytes_received")
     for name in ("metrics.jsonl", "graph.jsonl"):
-        whole = [line for line in (tmp_path / "user" / name).read_text().splitlines()
-                 if json.loads(line)["round"] < 2]
-        assert (tmp_path / "short" / name).read_text().splitlines() == whole, name
+        whole = [{k: v for k, v in row.items() if k not in received}
+                 for row in jsonl(tmp_path / "user" / name) if row["round"] < 2]
+        short = [{k: v for k, v in row.items() if k not in received} for row in jsonl(tmp_path / "short" / name)]
+        assert short == whole, name
 
 
 def test_graph_rows_carry_the_similarities_used_and_the_cluster_plot_shows_them(tmp_path):

@@ -182,7 +182,8 @@ def test_silent_clients_after_masking_are_recovered(tmp_path):
 ])
 def test_a_crashed_client_leaves_the_sum_of_the_masked_inputs_that_arrived(tmp_path, at, heard):
     assert Seeds(0).numpy("crash").choice(11, size=1, replace=False).tolist() == [6]  # seed 0: node 6 crashes
-    crash = ["--nodes", "11", "--rounds", "2", "--timeout", "1", "--crash", f"0.1@{at}"]
+    crash = ["--nodes", "11", "--rounds", "2", "--timeout", "1", "--crash", f"0.1@{at}",
+             "--compute-time", "per-sample"]  # 1 ms a training sample: the instants above
     _, plain = _run(tmp_path / "plain", *crash)
     _, rows = _run(tmp_path / "r", *crash, "--secure-aggregation", "secagg", "--trace")
     server = _server_rows(rows)

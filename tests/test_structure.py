@@ -72,11 +72,11 @@ def test_analysis_reads_run_directories_only():
         assert {layer(t) for t in targets} <= {"analysis"}, module
 
 
-def test_topologies_and_workloads_use_only_the_emulators_errors_and_units():
+def test_topologies_and_workloads_use_only_the_emulators_errors_units_and_work():
     for name in ("topologies", "workloads"):
         for module, targets in _imported_by(name).items():
             outside = {t for t in targets if layer(t) != name}
-            assert outside <= {"emulator.errors", "emulator.units"}, (module, outside)
+            assert outside <= {"emulator.errors", "emulator.units", "emulator.work"}, (module, outside)
 
 
 def test_the_checker_sees_imports():

@@ -21,7 +21,7 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 # Two methods x two seeds of a few rounds; the mesh has an adversary and churn.
 GRID = {
     "base": {"protocol": "dfedavgm", "dataset": "digits", "nodes": 4, "rounds": 3, "model": "mlp:hidden=16",
-             "no_plots": True},
+             "compute_time": "per-sample", "no_plots": True},  # rounds of a tenth of a second: churn hits
     "grid": {
         "method": [{"topology": "ring", "label": "ring"},
                    {"topology": "mesh", "adversaries": "fraction=0.25,kind=signflip", "churn": "up=1s,down=0.5s",

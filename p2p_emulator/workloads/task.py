@@ -76,6 +76,7 @@ class NodeTensors:
     rollback_x: torch.Tensor | None = None
     rollback_y: torch.Tensor | None = None
     accountant: object = None  # under --dp: the handle of the node's privacy accountant (LearningProtocol.hold)
+    work: object = None  # the counted work of the node's model (work.ModelWork; LearningProtocol.hold)
 
 
 class Workload:
