@@ -6,7 +6,8 @@ For each model (mlp on digits' 8x8 features, cnn-small, leaf-cnn, resnet18 and t
 hetero-small backbones on FashionMNIST-shaped 28x28 images, char-lstm at hidden 64 and 256 on
 80-character sequences) and batch size, one local-SGD job (training.sgd, one epoch) sized to
 about --seconds of wall time is charged by the profile (`host`: calibrated on this machine, the
-cached calibration reused) and run, the least wall time of three runs taken as measured (interference only adds time). Prints
+cached calibration reused) and run, the least wall time of three runs taken as measured (interference
+only adds time). Prints
 charged/measured per job, and the median and worst |charged/measured - 1| over all of them.
 """
 from __future__ import annotations
@@ -66,9 +67,12 @@ def measure(jobs: list[dict], device, repeats: int = 3) -> list[dict]:
     """Each job's charge and its least wall time of `repeats`, timed in turns over all jobs (interference only
     adds time; a slow spell of the machine then slows one timing of many jobs, not every timing of one)."""
     walls = [[job(j["model"], j["x"], j["y"], j["batch"]) for j in jobs] for _ in range(repeats)]
-    return [{"arch": j["model"].arch, "batch": j["batch"], "samples": j["samples"], "charged": device.seconds(j["work"]),
-             "measured": min(timings), "ratio": device.seconds(j["work"]) / min(timings)}
-            for j, timings in zip(jobs, zip(*walls))]
+    rows = []
+    for j, timings in zip(jobs, zip(*walls)):
+        charged, measured = device.seconds(j["work"]), min(timings)
+        rows.append({"arch": j["model"].arch, "batch": j["batch"], "samples": j["samples"], "charged": charged,
+                     "measured": measured, "ratio": charged / measured})
+    return rows
 
 
 def main() -> None:

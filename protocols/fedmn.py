@@ -237,9 +237,10 @@ class Modular(LearningProtocol):
 
     async def train(self, node, network, data) -> float:
         trains_router = self.routed(node.round) and self.options.trains_router
+        # charged an SGD step of the whole network, whose forward runs every active encoder (and the router's
+        # small net, when it trains, is left uncounted)
         return await super().train(node, network, data, job=routed_sgd, routed=trains_router,
-                                   tau=self.tau(node.round),
-                                   passes=self.widths[0] + trains_router)  # a sample: one pass per encoder
+                                   tau=self.tau(node.round))
 
     async def update(self, node, network, layout: Layout, decision: list[int], data) -> dict:
         """Step 5's body: the active modules (and the hypernetwork, when routed), |D| and V."""

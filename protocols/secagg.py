@@ -301,7 +301,8 @@ async def recover_sum(node, t: int, keys: dict, masked: dict, answers: dict, sur
             total += y
     expansions = len(seeds) + sum(map(len, survivors_of.values()))
     return await node.compute(crypto.unmask, total, node.round, seeds, private, survivors_of,
-                              work=crypto.work(expansions * (len(total) * crypto.PRG_ENTRY_WORK + crypto.AGREEMENT_WORK)))
+                              work=crypto.work(expansions * (len(total) * crypto.PRG_ENTRY_WORK
+                                                             + crypto.AGREEMENT_WORK)))
 
 
 async def rebuild(node, t: int, b_shares, s_shares, keys) -> tuple[dict[int, bytes], dict[int, bytes]]:
@@ -391,7 +392,8 @@ class SecureClient:
         r = node.round
         sealed_out, own = await node.compute(
             crypto.share_secrets, keys, node.id, r, peers, threshold, node.seeds.integer("secagg.shamir", node.id, r),
-            work=crypto.work(len(peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * threshold * crypto.FIELD_WORK)))
+            work=crypto.work(len(peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK
+                                           + 2 * threshold * crypto.FIELD_WORK)))
         node.send(self.server, SHARES, {"round": r, "shares": sealed_out})
         message = await next_message(node, SHARES, expects(round=this_round(node), shares=id_map(peers, sealed)))
         if message is None:

@@ -155,7 +155,8 @@ class SecureMixing:
             sealed_out, own_share = await node.compute(
                 crypto.share_secrets, part.keys, node.id, node.round, part.peers, part.t,
                 node.seeds.integer("secagg.shamir", node.id, node.round, i),
-                work=crypto.work(len(part.peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK + 2 * part.t * crypto.FIELD_WORK)))
+                work=crypto.work(len(part.peers) * (crypto.AGREEMENT_WORK + crypto.SEAL_WORK
+                                                    + 2 * part.t * crypto.FIELD_WORK)))
             part.held[node.id] = own_share
             node.send(i, SHARES, {"round": node.round, "shares": sealed_out})
         return joined

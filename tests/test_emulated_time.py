@@ -12,7 +12,8 @@ from tests.conftest import assert_refused, emulate, network, nodes
 
 QUIET = dict(quiet=True, no_plots=True)
 # per-sample compute (1 ms a training sample): runs long enough to take several samples
-DPSGD = dict(protocol="dpsgd", topology="ring", nodes=6, model="mlp:hidden=16", latency="10ms", compute_time="per-sample")
+DPSGD = dict(protocol="dpsgd", topology="ring", nodes=6, model="mlp:hidden=16", latency="10ms",
+             compute_time="per-sample")
 
 
 def _lines(path):

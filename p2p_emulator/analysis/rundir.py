@@ -42,7 +42,8 @@ SAMPLE_BOOKKEEPING = {"t", "node", "step", "bytes_sent", "bytes_received"}
 CURVE_AXES = ("round", "time")  # what a Curves' columns are: rounds of metrics.jsonl, or ticks of samples.jsonl
 # Settings that say what a run was tested under, with their values that mean "nothing special".
 SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None),
-                 "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",)}
+                 "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",),
+                 "compute_profile": ("reference",)}
 
 
 class RunDirError(Exception):

@@ -1,9 +1,10 @@
 """The work of a model's jobs, counted from the kernels they run: what counted compute time charges.
 
 One training step (training.sgd on one minibatch) and one scoring pass (forward, no
-gradient) are run once on a copy of the model, on two batch sizes, under a dispatch
-mode that counts kernels, views and the elements they write, and the FLOPs of each
-kernel by torch's FlopCounterMode formulas. Every count is affine in the batch size, so the two give each count's
+gradient) are run on a copy of the model, at two batch sizes, under a dispatch mode
+that counts kernels, views, the elements memory-bound kernels write and the time
+steps of LSTM layers, and the FLOPs of each kernel by torch's FlopCounterMode
+formulas. Every count is affine in the batch size, so the two give each count's
 fixed part and its part per sample; a job of n samples in minibatches of B is then
 ceil(n / B) steps' fixed parts plus n samples' parts. Counts are cached per
 (architecture, input), so a run counts each architecture once.
@@ -25,7 +26,7 @@ torch = LazyModule("torch")
 
 COUNTED_BATCHES = (2, 4)  # BatchNorm trains on two samples at the least
 SCORING_BATCH = 1024  # training.accuracy's and mean_loss's minibatch
-FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step (--compute-time per-sample charges a scored sample that)
+FORWARD_SHARE = 1 / 3  # a forward pass's share of a training step: per-sample time charges a scored sample that
 # Ops that only make a view of their input: no kernel runs, only the dispatcher.
 VIEWS = frozenset({"view", "_unsafe_view", "detach", "transpose", "t", "select", "expand", "reshape", "permute",
                    "alias", "as_strided", "slice", "unsqueeze", "squeeze", "split", "unbind", "split_with_sizes",
@@ -39,7 +40,8 @@ class ModelWork:
 
     def __init__(self, model, x, y):
         self._model = copy.deepcopy(model).cpu()
-        self._x, self._y = _enough(x.cpu(), max(COUNTED_BATCHES)), _enough(y.cpu(), max(COUNTED_BATCHES))
+        n = max(COUNTED_BATCHES)
+        self._x, self._y = _enough(x[:n].cpu(), n), _enough(y[:n].cpu(), n)
         self._step: tuple[Work, Work] | None = None
         self._score: tuple[Work, Work] | None = None
 
@@ -83,7 +85,7 @@ _CACHE: dict = {}
 
 
 def _enough(t, n: int):
-    """t's first n rows, repeated to n where it has fewer (a node with few samples)."""
+    """t's rows repeated to n where it has fewer (a node with few samples)."""
     return t.repeat((math.ceil(n / len(t)),) + (1,) * (t.dim() - 1))[:n] if len(t) else t
 
 
