@@ -233,7 +233,7 @@ def _timeout(protocol) -> dict:
     compute = getattr(protocol, "compute_wait", 0.0)
     if not compute:
         return {}
-    return {"timeout": {"given": protocol.options.timeout - compute, "longest_compute": compute,
+    return {"timeout": {"given": protocol.given_timeout, "longest_compute": compute,
                         "waited": protocol.options.timeout}}
 
 

@@ -264,6 +264,7 @@ class LearningProtocol(Protocol):
             self.check_dp()
         self.compute_wait = self.longest_round_of_compute()
         if self.compute_wait:
+            self.given_timeout = self.options.timeout
             self.options = replace(self.options, timeout=self.options.timeout + self.compute_wait)
 
     def longest_round_of_compute(self) -> float:
