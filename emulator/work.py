@@ -42,6 +42,9 @@ class Work:
     def __add__(self, other: "Work") -> "Work":
         return Work(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
+    def __sub__(self, other: "Work") -> "Work":
+        return self + other * -1
+
     def __mul__(self, factor: float) -> "Work":
         return Work(*(a * factor for a in dataclasses.astuple(self)))
 

@@ -49,17 +49,13 @@ class ModelWork:
         """Local SGD over `samples` samples in minibatches of batch_size."""
         if self._step is None:
             self._step = _affine(self._train)
-        fixed, per_sample = self._step
-        steps = math.ceil(samples / batch_size)
-        return fixed * steps + per_sample * samples + Work(steps=steps, units=samples)
+        return _in_batches(*self._step, samples, batch_size, units=samples)
 
     def scoring(self, samples: int, batch_size: int = SCORING_BATCH) -> Work:
         """A forward pass over `samples` samples (accuracy, mean loss, representations)."""
         if self._score is None:
             self._score = _affine(self._forward)
-        fixed, per_sample = self._score
-        batches = math.ceil(samples / batch_size)
-        return fixed * batches + per_sample * samples + Work(steps=batches, units=samples * FORWARD_SHARE)
+        return _in_batches(*self._score, samples, batch_size, units=samples * FORWARD_SHARE)
 
     def _train(self, batch: int) -> None:
         from .training import sgd  # noqa: PLC0415 - training imports torch
@@ -84,6 +80,12 @@ def model_work(model, x, y) -> ModelWork:
 _CACHE: dict = {}
 
 
+def _in_batches(fixed: Work, per_sample: Work, samples: float, batch_size: int, units: float) -> Work:
+    """ceil(samples / batch_size) steps' fixed parts and `samples` samples' parts."""
+    steps = math.ceil(samples / batch_size)
+    return fixed * steps + per_sample * samples + Work(steps=steps, units=units)
+
+
 def _enough(t, n: int):
     """t's rows repeated to n where it has fewer (a node with few samples)."""
     return t.repeat((math.ceil(n / len(t)),) + (1,) * (t.dim() - 1))[:n] if len(t) else t
@@ -94,8 +96,8 @@ def _affine(run) -> tuple[Work, Work]:
     small, large = COUNTED_BATCHES
     with torch.random.fork_rng(devices=[]):
         low, high = _counts(run, small), _counts(run, large)
-    per_sample = (high + low * -1) * (1 / (large - small))
-    return low + per_sample * -small, per_sample
+    per_sample = (high - low) * (1 / (large - small))
+    return low - per_sample * small, per_sample
 
 
 def _counts(run, batch: int) -> Work:
