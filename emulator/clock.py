@@ -25,6 +25,7 @@ import contextvars
 import heapq
 import itertools
 import selectors
+import time
 from collections import deque
 from typing import Any, Callable, Coroutine
 
@@ -265,6 +266,11 @@ class RealClock:
             return self.loop.run_until_complete(coro)
         finally:
             self.loop.close()
+
+    def start(self, wall: float | None = None) -> None:
+        """Make this instant time zero, or the wall instant `wall` (seconds since the epoch): processes given
+        one such instant share their time axis."""
+        self._origin = self.loop.time() - (0.0 if wall is None else time.time() - wall)
 
     def call_at(self, when: float, callback: Callable, *args) -> asyncio.TimerHandle:
         return self.loop.call_at(self._origin + when / self.scale, callback, *args)

@@ -16,16 +16,21 @@ from .seeds import Seeds
 
 
 class Emulation:
-    """The nodes of one run, driven on `clock` over `network`; `availability` (if any) takes them down and up."""
+    """The nodes of one run, driven on `clock` over `network`; `availability` (if any) takes them down and up.
+
+    `local`: the one node this process runs, its peers running elsewhere (a real transport); None: all of them.
+    """
 
     def __init__(self, protocol: Protocol, network: Network, clock, compute: Compute, rounds: int, seeds: Seeds,
                  availability=None, on_round: Callable = lambda rnd, now: None, checkpoints: Checkpoints | None = None,
-                 duration: float = 0.0, eval_every_seconds: float = 0.0):
+                 duration: float = 0.0, eval_every_seconds: float = 0.0, local: int | None = None):
         self.protocol, self.network, self.clock, self.rounds = protocol, network, clock, rounds
         self.duration, self.eval_every_seconds = duration, eval_every_seconds
         self.ledger, self.availability, self.compute = network.ledger, availability, compute
         n = network.num_nodes
-        self.recorder = Recorder(n, network.ledger, protocol.observe, on_round)
+        # An observer sees every node's state at once, which no process of a real transport has.
+        observe = protocol.observe if local is None else (lambda rnd, snapshots: {})
+        self.recorder = Recorder(n, network.ledger, observe, on_round)
         if availability is not None:
             availability.on_crash = self._crash
         self.checkpoints = checkpoints
@@ -49,6 +54,11 @@ class Emulation:
         self._handle_of = handle_maker()  # what a protocol gets: the node API only
         self._running: set[int] = set()
         self._retired: set[int] = set()  # nodes whose coroutine ended
+        self.local = self.nodes if local is None else [self.nodes[local]]
+        for node in self.nodes if local is not None else ():
+            if node.id != local:  # another process runs it: no round waits for it here
+                self._retired.add(node.id)
+                self.recorder.retire(node.id, 0.0)
         self._ticks = 0  # the sampler's ticks so far
 
     def _save(self, rnd: int) -> None:
@@ -128,14 +138,16 @@ class Emulation:
         node_main = self.protocol.run if self.rounds > 0 else self.protocol.run_no_rounds
 
         async def main():
+            await self.network.connect()
             if self.availability is not None and not self.resumed:  # resumed: its transitions are back on the clock
                 self.availability.start()
             if self.eval_every_seconds:
                 self.clock.schedule(self.eval_every_seconds, self._sample)
-            for node in self.nodes:
+            for node in self.local:
                 task = self.tasks[node.id] = asyncio.ensure_future(self._node_main(node_main, node))
                 task._log_destroy_pending = False  # as gather does for its own: a failed run leaves them
             await asyncio.gather(*self.tasks.values())
+            await self.network.close()
 
         # Messages are short-lived and acyclic, so reference counting frees them; the cyclic
         # collector would only scan a large run's millions of live objects again and again

@@ -65,6 +65,11 @@ class Ledger:
         self.num_nodes = 0  # set by the network that carries the messages
         self.rounds: dict[int, RoundCounts] = {}  # round -> every node's counts for it
         self.trace: list[TraceRow] | None = [] if trace else None
+        self.wire_bytes: int | None = None  # payload and headers on the wire, where a network counts them
+
+    def count_wire_bytes(self) -> None:
+        """Total the bytes on the wire too (a network with a link overhead adds to wire_bytes)."""
+        self.wire_bytes = 0
 
     def state(self) -> dict:
         """Its per node and round counts (the nonzero ones) and its trace, as plain data; the per link
@@ -72,7 +77,8 @@ class Ledger:
         return {"node_rounds": [[node, rnd, *counts.of(node)] for rnd, counts in self.rounds.items()
                                 for node in range(self.num_nodes) if any(counts.of(node))],
                 "trace": None if self.trace is None else [
-                    [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in self.trace]}
+                    [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in self.trace],
+                **({"wire_bytes": self.wire_bytes} if self.wire_bytes is not None else {})}
 
     def load_state(self, state: dict) -> None:
         self.rounds.clear()
@@ -80,6 +86,7 @@ class Ledger:
             self.counts(rnd).put(node, counts)
         if state["trace"] is not None:
             self.trace[:] = [TraceRow(*row) for row in state["trace"]]
+        self.wire_bytes = state.get("wire_bytes")  # counted only with a link overhead
 
     def row(self, key: tuple[int, int]) -> list[int]:
         """The counters of link key = (src, dst); links keep a reference so the hot path skips lookups."""
@@ -156,6 +163,8 @@ class Ledger:
                "bytes_total": sum(r[_BYTES_SENT] for r in rows),
                "bytes_delivered": sum(r[_BYTES_DELIVERED] for r in rows)}
         out.update({f"dropped_{c}": sum(r[i] for r in rows) for c, i in _CAUSE.items()})
+        if self.wire_bytes is not None:
+            out["wire_bytes"] = self.wire_bytes
         return out
 
     def link_table(self) -> Iterator[list[int]]:

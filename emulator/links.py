@@ -6,7 +6,13 @@ sender's uplink, and the sender's uplink is itself one FIFO shared by all its
 links. Arrival is the end of transmission plus a latency sample, never
 overtaking the previous message on the link. A receiver with a downlink
 capacity takes delivery no faster than that capacity allows. Corruption flips
-bits of a frame that arrives.
+bits of a frame that arrives. (--link-sharing fair replaces the FIFO capacities
+with max-min fair sharing among the links' head messages: emulator.sharing.)
+
+A link times the bytes on its wire: the payload alone, or with --link-overhead
+tcp the payload plus 66 header bytes (20 IP, 32 TCP with timestamps, 14
+Ethernet: what a tc shaper on an Ethernet device counts) per 1448-byte segment
+of a 1500-byte MTU.
 """
 from __future__ import annotations
 
@@ -98,6 +104,19 @@ class Corruption:
 NO_CORRUPTION = Corruption()
 
 
+TCP_SEGMENT = 1448  # payload bytes of a full segment: a 1500-byte MTU less IP, TCP and its timestamps option
+TCP_HEADERS = 66  # per segment on an Ethernet device: 20 IP + 32 TCP + 14 Ethernet
+
+
+def tcp_wire_bytes(nbytes: int) -> int:
+    """The bytes a message of nbytes payload puts on an Ethernet wire as TCP segments."""
+    return nbytes + -(-nbytes // TCP_SEGMENT) * TCP_HEADERS
+
+
+# --link-overhead: the wire size of a payload (None: the payload itself)
+OVERHEADS = {"none": None, "tcp": tcp_wire_bytes}
+
+
 @dataclass
 class LinkSpec:
     """What a link is configured with, before it carries anything."""
@@ -108,7 +127,8 @@ class LinkSpec:
 
 
 class Capacity:
-    """A node's uplink or downlink: one FIFO shared by all of its links."""
+    """A node's uplink or downlink: one FIFO shared by all of its links (fair sharing: its rate, split
+    among its links' flows)."""
     __slots__ = ("rate", "free_at")
 
     def __init__(self, rate: float):
@@ -170,8 +190,22 @@ class Link:
             self._corrupt_rng = numpy_generator(corrupt)
         self.counters[:] = counters  # the ledger's row: the ledger holds the same list
 
+    def fate(self) -> float | None:
+        """A message's way over the link, drawn when it is put on the link: its latency sample, or None when
+        it is lost (the loss draw comes first)."""
+        rng = self.rng if self.draws else None
+        if self.loss.draws and self.loss.lost(rng, self):
+            return None
+        return self.latency.sample(rng)
+
+    def arrival(self, end: float, latency: float) -> float:
+        """When a message whose transmission ended at `end` arrives: never before the one ahead of it."""
+        self.last_arrival = max(end + latency, self.last_arrival)
+        return self.last_arrival
+
     def transmit(self, now: float, nbytes: int) -> float | None:
-        """Occupy the link for the message; return its arrival time, or None when it is lost."""
+        """Occupy the link (FIFO) for a message of nbytes on the wire; return its arrival time, or None when
+        it is lost."""
         up = self.up
         rate = min(self.bandwidth, up.rate)
         start = self.last_start = max(now, self.free_at, up.free_at)
@@ -179,11 +213,10 @@ class Link:
         self.free_at = end
         if up.rate != math.inf:
             up.free_at = end
-        rng = self.rng if self.draws else None
-        if self.loss.draws and self.loss.lost(rng, self):
+        latency = self.fate()
+        if latency is None:
             return None
-        arrival = max(end + self.latency.sample(rng), self.last_arrival)
-        self.last_arrival = arrival
+        arrival = self.arrival(end, latency)
         down = self.down
         if down.rate != math.inf:
             arrival = max(arrival, down.free_at + 8.0 * nbytes / down.rate)

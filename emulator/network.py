@@ -13,6 +13,13 @@ does not decode, e.g. with checksums off), invalid (it decodes, but its protocol
 check of the body fails). A message already in flight
 when its edge disappears from a time-varying graph, or fails, or when its sender
 goes offline, is still delivered: its bits had left the sender.
+
+Links share capacity as emulator.links states (FIFO), or, with sharing="fair",
+max-min fairly as concurrent flows (emulator.sharing): a message's loss and
+latency are drawn when it is put on its link either way, in the same order, and
+it arrives a latency after its flow ends. With an overhead (overhead="tcp") a
+link times a message's bytes on the wire, payload and headers, and the ledger
+totals them as wire_bytes; its payload counts stay as they are.
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ import networkx as nx
 from . import wire
 from .ledger import Ledger, TraceRow
 from .seeds import Seeds, numpy_state, set_numpy_state
-from .links import Capacity, Link, LinkSpec
+from .links import OVERHEADS, Capacity, Link, LinkSpec
+from .sharing import FairSharing, Flow
 
 
 class NotNeighbourError(RuntimeError):
@@ -109,13 +117,23 @@ class Network:
     `edge_specs` gives directed links (src, dst) their own LinkSpec (a topology file's
     edge attributes); the others get `spec`.
     `faults` (if any) says when an edge is down (link failures, partitions).
+    `sharing` is fifo (links.py's queues) or fair (emulator.sharing's flows); `overhead`, a key of
+    links.OVERHEADS, what a message puts on the wire besides its payload (the ledger totals it as wire_bytes).
     """
 
     def __init__(self, graph: nx.Graph, clock, ledger: Ledger, spec: LinkSpec, seeds: Seeds, *,
                  edge_specs: dict[tuple[int, int], LinkSpec] | None = None,
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
-                 nodes_change: bool = False, checksum: bool = True, adversaries=None):
+                 nodes_change: bool = False, checksum: bool = True, adversaries=None, sharing: str = "fifo",
+                 overhead: str = "none"):
+        if sharing not in ("fifo", "fair"):
+            raise ValueError(f"link sharing {sharing!r}: fifo or fair")
+        self.wire_size = OVERHEADS[overhead]  # a payload's bytes on the wire; None: the payload alone
+        if self.wire_size is not None:
+            ledger.count_wire_bytes()
+        # Fair sharing's flows; None: each link's FIFO queue times its messages at send.
+        self.flows = FairSharing(clock, self._turn, self._flow_ended) if sharing == "fair" else None
         self.clock, self.ledger, self.spec, self.seeds = clock, ledger, spec, seeds
         self.edge_specs = edge_specs or {}
         self.compress, self.max_message_bytes, self.checksum = compress, max_message_bytes, checksum
@@ -200,6 +218,12 @@ class Network:
                         trace=None if i is None else ledger.trace[i])
                 for src, kind, rnd, size, t_send, t_arrive, frame, i in messages)
 
+    async def connect(self) -> None:
+        """Before the nodes start: nothing to set up on emulated links (a real transport connects here)."""
+
+    async def close(self) -> None:
+        """After the local nodes end: nothing to flush on emulated links."""
+
     def neighbours(self, node: int, rnd: int = 0) -> list[int]:
         """Whom `node` sends to in round `rnd` (on an undirected graph, its neighbours)."""
         return self.at(rnd).out_sorted[node]
@@ -255,7 +279,13 @@ class Network:
         ledger.sent(link.counters, src, rnd, nbytes)
         if self.faults is not None and self.faults.down(src, dst, now):
             return self._drop(link, "link_down", trace)
-        arrival = link.transmit(now, nbytes)
+        wire = nbytes
+        if self.wire_size is not None:
+            wire = self.wire_size(nbytes)
+            ledger.wire_bytes += wire
+        if self.flows is not None:
+            return self._flow(link, wire, Message(src, dst, kind, rnd, nbytes, now, math.inf, frame, None, trace))
+        arrival = link.transmit(now, wire)
         self.send_seconds[src] += link.free_at - link.last_start
         if arrival is None:
             return self._drop(link, "loss", trace)
@@ -265,6 +295,35 @@ class Network:
             self.clock.schedule(link.last_start, self._start_event, link, message)
         else:
             self.clock.schedule(arrival, self._arrive_event, link, message)
+
+    def _flow(self, link: Link, wire: int, message: Message) -> None:
+        """Fair sharing: the message joins its link's queue as a flow of its wire bits. Its loss and latency
+        are drawn now, as a FIFO link draws them; a lost message's bits still take their share."""
+        latency = link.fate()
+        if latency is None:
+            self._drop(link, "loss", message.trace)
+        else:
+            self.in_flight += 1
+        self.flows.send(Flow(link, 8.0 * wire, message if latency is not None else None, latency))
+
+    def _turn(self, flow: Flow, now: float) -> bool:
+        """A flow that waited behind others on its link leaves only if its sender and its edge are still up."""
+        if not self.senders_change:
+            return True
+        link, message = flow.link, flow.message
+        cause = ("offline" if not self.online[link.src] else
+                 "link_down" if self.faults is not None and self.faults.down(link.src, link.dst, now) else None)
+        if cause is not None and message is not None:
+            self._landed(link, cause, message.trace)
+        return cause is None
+
+    def _flow_ended(self, flow: Flow, now: float) -> None:
+        """A flow sent its bits: its sender's transmitting time grows, and its message arrives a latency later."""
+        link, message = flow.link, flow.message
+        self.send_seconds[link.src] += now - flow.start
+        if message is not None:
+            message.t_arrive = link.arrival(now, flow.latency)
+            self.clock.schedule(message.t_arrive, self._arrive_event, link, message)
 
     def _start(self, link: Link, message: Message) -> None:
         """A queued message's turn: it leaves only if its sender and its edge are still up."""

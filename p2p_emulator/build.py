@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import networkx as nx
 
@@ -15,6 +16,7 @@ from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.ledger import Ledger
 from emulator.network import Network
+from emulator.tcp import Placement, TcpNetwork
 from emulator.protocol import Protocol
 from emulator.seeds import Seeds
 
@@ -52,30 +54,34 @@ def build_topology(config: cfg.RunConfig):
 def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                     executor, scenario: dynamics.Scenario | None = None,
                     on_round=lambda rnd, now: None, checkpointing: Checkpoints | None = None,
-                    compute_model: ComputeModel | None = None) -> Emulation:
+                    compute_model: ComputeModel | None = None, placement: Placement | None = None) -> Emulation:
     """The clock, network, compute and availability the settings ask for, and the emulation over them
-    (compute_model: the one the settings make, when the caller has made it already)."""
+    (compute_model: the one the settings make, when the caller has made it already; placement: the one
+    node this process runs over TCP, on the wall clock)."""
     n = graph.number_of_nodes()
     scenario = scenario if scenario is not None else scenarios.scenario(config, n, scenarios.schedule(config, n))
     seeds = Seeds(config.seed)
-    clock = RealClock(config.time_scale) if config.clock == "real" else VirtualClock()
+    clock = RealClock(config.time_scale) if config.clock == "real" or placement else VirtualClock()
     try:
         spec = cfg.link_spec(config)
-        network = Network(graph, clock, Ledger(trace=config.trace), spec, seeds,
-                          edge_specs=cfg.edge_specs(graph, spec),
-                          uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
-                          downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
-                          compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
-                          schedule=scenario.schedule,
-                          faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
-                          nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
-                          adversaries=_adversaries(config, n, seeds))
+        make_network = partial(TcpNetwork, placement=placement) if placement else Network
+        network = make_network(graph, clock, Ledger(trace=config.trace), spec, seeds,
+                               edge_specs=cfg.edge_specs(graph, spec),
+                               uplink=cfg.capacities(graph, "uplink", config.uplink, seeds),
+                               downlink=cfg.capacities(graph, "downlink", config.downlink, seeds),
+                               compress=config.compress, max_message_bytes=cfg.max_message_bytes(config),
+                               schedule=scenario.schedule,
+                               faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
+                               nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
+                               adversaries=_adversaries(config, n, seeds), sharing=config.link_sharing,
+                               overhead=config.link_overhead)
         availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                         if scenario.nodes_change else None)
         compute_model = compute_model or cfg.compute_model(config, n, seeds)
         compute = Compute(compute_model, clock, availability, executor)
         return Emulation(protocol, network, clock, compute, config.rounds, seeds, availability, on_round,
-                         checkpointing, config.duration, config.eval_every_seconds)
+                         checkpointing, config.duration, config.eval_every_seconds,
+                         placement.node if placement else None)
     except BaseException:  # bad input met while building (a file's edge attribute): the loop never runs
         clock.loop.close()
         raise

@@ -24,11 +24,12 @@ from emulator.errors import UsageError, WorkerLost
 from emulator.protocol import protocols
 from emulator.units import UnitError
 
-from . import __version__
+from . import __version__, transport
 from . import settings as cfg
 from .runs import LateFailure, execute, out_dir
 
-SUBCOMMANDS = {"report": "p2p_emulator.analysis.report", "sweep": "p2p_emulator.sweeps"}
+SUBCOMMANDS = {"report": "p2p_emulator.analysis.report:main", "sweep": "p2p_emulator.sweeps:main",
+               "node": "p2p_emulator.cli:node_main", "merge": "p2p_emulator.cli:merge_main"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +55,8 @@ def _protocol_group(parser: argparse.ArgumentParser, name: str, cls: type) -> No
 def build_parser(registry: dict, protocol: str | None = None) -> _Parser:
     """The emulator's flags and those of `protocol` (None: no protocol's)."""
     parser = _Parser(prog="emulate", description="Emulate a peer-to-peer learning protocol on a network.",
-                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`.")
+                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`, "
+                            "`emulate node ...` and `emulate merge RUN_DIR` (docs/validation.md).")
     parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
                         help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")
     parser.add_argument("--list-protocols", action="store_true", help="list the protocols and exit")
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     warnings.formatwarning = _one_line_warnings
     if argv and argv[0] in SUBCOMMANDS:
-        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+        module, _, function = SUBCOMMANDS[argv[0]].partition(":")
+        return getattr(importlib.import_module(module), function)(argv[1:])
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main_thread else None
     try:
@@ -190,6 +193,41 @@ def _resume(argv: list[str]) -> int:
     return 0
 
 
+def node_main(argv: list[str]) -> int:
+    """emulate node: run one node of a run, connected to its peers over TCP, into its own directory."""
+    parser = _Parser(prog="emulate node", description="Run one node of a run over TCP (docs/validation.md).")
+    parser.add_argument("--config", required=True, help="the run's settings (a launched run's config.yaml)")
+    parser.add_argument("--id", type=int, required=True, help="this node's id")
+    parser.add_argument("--listen", required=True, help="HOST:PORT this node accepts its in-neighbours on")
+    parser.add_argument("--peers", required=True, help="CSV node,host,port of (at least) its out-neighbours")
+    parser.add_argument("--out", required=True, help="this node's run directory")
+    parser.add_argument("--start-at", type=float, default=None, help="the run's start, wall seconds since the epoch")
+    parser.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
+
+    def body() -> int:
+        args = parser.parse_args(argv)
+        registry = protocols()
+        settings = cfg.read_config_file(args.config)
+        settings.update(out=args.out, overwrite=True, quiet=True, no_plots=True)
+        config, options = cfg.resolve(settings, registry)
+        if config.transport == "emulated":
+            config.transport = "tcp"
+        where = transport.placement(args.id, args.listen, args.peers, args.start_at, args.launched)
+        execute(config, options, registry[config.protocol], Path(args.out), placement=where)
+        return 0
+    return _reported(body)
+
+
+def merge_main(argv: list[str]) -> int:
+    """emulate merge RUN_DIR: merge the node directories under RUN_DIR/nodes (nodes started on their own)."""
+    def body() -> int:
+        if len(argv) != 1 or not (Path(argv[0]) / "nodes").is_dir():
+            raise UsageError("usage: emulate merge RUN_DIR (with the nodes' directories in RUN_DIR/nodes/<id>)")
+        transport.merge(Path(argv[0]))
+        return 0
+    return _reported(body)
+
+
 def _reported(body) -> int:
     """body(), with its failures reported in one line and the exit code they call for."""
     try:
@@ -197,7 +235,7 @@ def _reported(body) -> int:
     except (UsageError, UnitError) as exc:
         print(f"emulate: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
-    except LateFailure as exc:
+    except (LateFailure, transport.NodeFailed) as exc:
         print(f"emulate: error: {exc}", file=sys.stderr)
         return 1
     except WorkerLost as exc:  # a Ray worker died: its nodes' state is gone, the closed rounds are on disk

@@ -28,12 +28,13 @@ from emulator.emulation import Emulation
 from emulator.errors import UsageError
 from emulator.protocol import RunInfo, protocols
 from emulator.seeds import Seeds
+from emulator.tcp import Placement
 from emulator.units import read_spec
 
-from . import __version__, checkpoints
+from . import __version__, checkpoints, transport
 from . import scenario as scenarios
 from . import settings as cfg
-from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics, staleness
+from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics, read_jsonl, staleness
 from .build import build_emulation, build_topology, make_executor
 from .console import progress_bar, progress_done, summary_table
 from .stream import RunStream
@@ -79,8 +80,10 @@ def prepare_out_dir(path: Path, overwrite: bool) -> None:
         raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
 
 
-def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path, resume: bool = False) -> RunResult:
-    """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint."""
+def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Path, resume: bool = False,
+            placement: Placement | None = None) -> RunResult:
+    """Run the emulation into out_dir; with `resume`, continue the run there from its checkpoint; with
+    `placement`, run only that node, its peers in other processes (a real transport)."""
     console = Console(stderr=True, quiet=config.quiet)
     config_hash = cfg.config_hash(config, options)  # of the settings as resolved, before the graph fills them in
     if protocol_cls.asynchronous and not config.duration:
@@ -89,6 +92,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if config.checkpoint_every and not protocol_cls.checkpointable:
         raise UsageError(f"--checkpoint-every {config.checkpoint_every}: protocol {config.protocol} does not declare "
                          "what its nodes carry between rounds yet, so it cannot be checkpointed")
+    if config.transport != "emulated" and placement is None:
+        return _launched(config, options, out_dir)
     graph, schedule = build_topology(config)
     nodes_filled_in = config.nodes != graph.number_of_nodes()
     config.nodes = graph.number_of_nodes()
@@ -126,7 +131,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             if config.checkpoint_every:
                 state, tensors = (saved["state"], saved["tensors"]) if saved is not None else (None, None)
                 plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save, state, tensors)
-            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan, compute)
+            emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan, compute,
+                                        placement)
         except UsageError:
             resources.close()
             writer.close()
@@ -146,7 +152,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
         summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": config_hash,
-                   **_checkpoint_summary(config, emulation),
+                   **_checkpoint_summary(config, emulation), **_transport(config, placement),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
@@ -159,6 +165,29 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
+
+
+def _launched(config: cfg.RunConfig, options: Any, out_dir: Path) -> RunResult:
+    """A run over a real transport: one process per node, merged into out_dir (p2p_emulator.transport)."""
+    graph, _ = build_topology(config)
+    config.nodes = graph.number_of_nodes()
+    transport.check(config)
+    prepare_out_dir(out_dir, config.overwrite)
+    summary = transport.launch(config, options, graph, out_dir)
+    if not config.no_plots and config.rounds > 0:
+        from .analysis.plots import plot_run
+
+        plot_run(out_dir)
+    if not config.quiet:
+        Console(stderr=True).print(summary_table(summary, out_dir))
+    return RunResult(out_dir, summary, read_jsonl(out_dir / "metrics.jsonl"))
+
+
+def _transport(config: cfg.RunConfig, placement: Placement | None) -> dict:
+    """A node process's transport, its id and the framing bytes it wrote beside its frames."""
+    if placement is None:
+        return {}
+    return {"transport": config.transport, "node": placement.node, "framing_bytes": placement.framing_bytes[0]}
 
 
 def _checkpoint_summary(config: cfg.RunConfig, emulation: Emulation) -> dict:

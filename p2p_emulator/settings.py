@@ -23,7 +23,7 @@ import yaml
 from emulator import units
 from emulator.compute import ComputeModel, physical_memory
 from emulator.errors import UsageError
-from emulator.links import LinkSpec
+from emulator.links import OVERHEADS, LinkSpec
 from emulator.seeds import Seeds
 
 from .scenario import check as check_dynamics
@@ -45,6 +45,7 @@ class RunConfig:
     eval_every_seconds: float = 0.0
     seed: int = 0
     clock: str = "virtual"
+    transport: str = "emulated"
     time_scale: float = 1.0
     latency: str = "10ms"
     bandwidth: str = "100Mbps"
@@ -54,6 +55,8 @@ class RunConfig:
     adversaries: str = "none"
     uplink: str = "inf"
     downlink: str = "inf"
+    link_sharing: str = "fifo"
+    link_overhead: str = "none"
     compress: str = "none"
     max_message_size: str = "256MB"
     compute_time: str = "counted"
@@ -98,6 +101,9 @@ HELP = {
                           "moving no node) into RUN_DIR/samples.jsonl with its step and traffic so far (0: never)",
     "seed": "seed of every random choice in the run",
     "clock": "virtual (emulated time; idle waits cost nothing) or real (wall clock on uvloop)",
+    "transport": "emulated (links modelled), tcp (each node its own process, frames over loopback TCP, real "
+                 "clock and compute) or netns (tcp between network namespaces shaped by tc to the link "
+                 "settings; needs root): docs/validation.md",
     "time_scale": "real clock only: emulated seconds per wall second",
     "latency": "link latency: 20ms, uniform:low=10ms,high=30ms, normal:mean=20ms,std=5ms, lognormal:median=20ms,sigma=0.5",
     "bandwidth": "link bandwidth, SI units: 10Mbps = 10^7 bit/s; inf for unlimited",
@@ -112,6 +118,13 @@ HELP = {
               "uniform:low=1Mbps,high=10Mbps or lognormal:median=10Mbps,sigma=0.5 (drawn per node); "
               "a GraphML topology's node attribute uplink overrides it",
     "downlink": "per-node downlink capacity, as --uplink (node attribute downlink)",
+    "link_sharing": "how messages share link, uplink and downlink capacity: fifo (a link sends one message at "
+                    "a time, a node's uplink one at a time over all its links, a downlink takes delivery one at a "
+                    "time) or fair (each link's head message is a flow; flows share uplinks and downlinks max-min "
+                    "fairly, as concurrent TCP connections do; not with --checkpoint-every)",
+    "link_overhead": "bytes a message puts on the wire besides its payload: none, or tcp (66 header bytes per "
+                     "1448-byte segment: IP, TCP with timestamps, Ethernet, as a tc shaper counts them); "
+                     "summary.json's wire_bytes totals them, the bytes counts stay the payload's",
     "compress": "wire compression of float tensors: none, fp16, bf16, q8, q4",
     "max_message_size": "messages larger than this are refused at send (e.g. 64MB)",
     "compute_time": "counted (each job's kernels, FLOPs and memory traffic, counted from the model, priced by "
@@ -167,11 +180,18 @@ MAX_WORKERS = 1024
 # adds its models.
 NODE_FLOOR_BYTES = 10 * 1024
 CLOCKS = ("virtual", "real")
+TRANSPORTS = ("emulated", "tcp", "netns")
+# What a real transport does not emulate: the network's own loss and corruption, and no instant holds every node.
+NOT_OVER_TCP = {"loss": "0", "corrupt": "0", "churn": "none", "crash": "none", "availability": "",
+                "link_failures": "none", "partition_event": "", "topology_schedule": "none", "checkpoint_every": 0,
+                "time_scale": 1.0, "link_sharing": "fifo", "link_overhead": "none"}
 COMPUTE_TIMES = ("counted", "per-sample", "measured")
 DEVICES = ("cpu", "cuda")
 EXECUTORS = ("thread", "batched", "ray")
 RAY_MIN_SHARE = 1e-4  # Ray refuses finer fractions of a CPU or GPU
 COMPRESSIONS = ("none", "fp16", "bf16", "q8", "q4")
+LINK_SHARINGS = ("fifo", "fair")
+LINK_OVERHEADS = tuple(OVERHEADS)
 OPTIONAL_NUMBERS = {"nodes": int, "rounds": int, "consensus_step": float}  # settings whose default None means "unset"
 
 
@@ -266,9 +286,15 @@ def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> Usag
 PRESENTATION = ("out", "overwrite", "quiet", "no_plots")  # where and how a run is shown, not what it computes
 
 
+# Settings added after runs were made, at the default that gives those runs' results: left out of the digest,
+# so that a sweep made before them does not rerun its finished runs.
+LATER_DEFAULTS = {"transport": "emulated", "link_sharing": "fifo", "link_overhead": "none"}
+
+
 def config_hash(config: RunConfig, options: Any) -> str:
     """A digest of the resolved settings that decide a run's results: a sweep reruns a run whose digest changed."""
-    settings = {k: v for k, v in {**asdict(config), **asdict(options)}.items() if k not in PRESENTATION}
+    settings = {k: v for k, v in {**asdict(config), **asdict(options)}.items()
+                if k not in PRESENTATION and LATER_DEFAULTS.get(k, ...) != v}
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -316,6 +342,9 @@ def validate(config: RunConfig) -> None:
     if not config.compute_factor > 0:
         raise ConfigError(f"--compute-factor {config.compute_factor}: must be positive")
     _choice(config.clock, CLOCKS, "clock")
+    _choice(config.transport, TRANSPORTS, "transport")
+    if config.transport != "emulated":
+        check_real_transport(config)
     if config.compute_time == "model":
         raise ConfigError("--compute-time model: renamed per-sample (--compute-cost per training sample); the "
                           "default is now counted, from the model's own work (docs/compute-model.md)")
@@ -333,6 +362,8 @@ def validate(config: RunConfig) -> None:
     if config.executor == "batched" and config.clock != "virtual":
         raise ConfigError("--executor batched: needs --clock virtual (it batches the jobs due when every node waits)")
     _choice(config.compress, COMPRESSIONS, "compress")
+    _choice(config.link_sharing, LINK_SHARINGS, "link-sharing")
+    _choice(config.link_overhead, LINK_OVERHEADS, "link-overhead")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
                          ("adversaries", parse_adversaries), ("bandwidth", units.rate),
                          ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),
@@ -355,6 +386,21 @@ def check_checkpoints(config: RunConfig) -> None:
                           "horizon meets no later barrier; see docs/checkpoints.md)")
     if config.executor == "ray":
         raise ConfigError("--executor ray: not with --checkpoint-every (the nodes' state lives on the workers)")
+    if config.link_sharing == "fair":
+        raise ConfigError("--link-sharing fair: not with --checkpoint-every (a checkpoint does not hold the flows "
+                          "still sending)")
+
+
+def check_real_transport(config: RunConfig) -> None:
+    """A real transport runs each node in a process of its own on the wall clock, over links that carry
+    every frame: the settings that only an emulated network has are refused."""
+    for name, default in NOT_OVER_TCP.items():
+        if getattr(config, name) != default:
+            raise ConfigError(f"{flag(name)} {getattr(config, name)}: not with --transport {config.transport} "
+                              "(a real network's own loss and timing apply; see docs/validation.md)")
+    if config.executor != "thread":
+        raise ConfigError(f"--executor {config.executor}: not with --transport {config.transport} (each node "
+                          "process runs its own jobs on threads)")
 
 
 def check_ray(config: RunConfig) -> None:
