@@ -55,10 +55,11 @@ class Emulation:
         self._running: set[int] = set()
         self._retired: set[int] = set()  # nodes whose coroutine ended
         self.local = self.nodes if local is None else [self.nodes[local]]
-        for node in self.nodes if local is not None else ():
-            if node.id != local:  # another process runs it: no round waits for it here
-                self._retired.add(node.id)
-                self.recorder.retire(node.id, 0.0)
+        if local is not None:
+            for other in range(n):
+                if other != local:  # another process runs it: no round waits for it here
+                    self._retired.add(other)
+                    self.recorder.retire(other, 0.0)
         self._ticks = 0  # the sampler's ticks so far
 
     def _save(self, rnd: int) -> None:

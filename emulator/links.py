@@ -12,7 +12,9 @@ with max-min fair sharing among the links' head messages: emulator.sharing.)
 A link times the bytes on its wire: the payload alone, or with --link-overhead
 tcp the payload plus 66 header bytes (20 IP, 32 TCP with timestamps, 14
 Ethernet: what a tc shaper on an Ethernet device counts) per 1448-byte segment
-of a 1500-byte MTU.
+of a 1500-byte MTU. Its receiver then sends a 66-byte ACK for every second
+segment: counted in wire_bytes, and, under fair sharing, drawing on the
+receiver's uplink (and the sender's downlink) beside the data.
 """
 from __future__ import annotations
 
@@ -113,8 +115,15 @@ def tcp_wire_bytes(nbytes: int) -> int:
     return nbytes + -(-nbytes // TCP_SEGMENT) * TCP_HEADERS
 
 
-# --link-overhead: the wire size of a payload (None: the payload itself)
+def tcp_ack_bytes(nbytes: int) -> int:
+    """The bytes of the ACKs a receiver sends back for nbytes of payload: one 66-byte ACK (headers alone) for
+    every second segment, as Linux's delayed ACKs do on a steady transfer."""
+    return -(-nbytes // (2 * TCP_SEGMENT)) * TCP_HEADERS
+
+
+# --link-overhead: the wire size of a payload and of its ACKs on the way back (None: the payload itself, no ACKs)
 OVERHEADS = {"none": None, "tcp": tcp_wire_bytes}
+ACKS = {"none": None, "tcp": tcp_ack_bytes}
 
 
 @dataclass

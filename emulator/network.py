@@ -33,7 +33,7 @@ import networkx as nx
 from . import wire
 from .ledger import Ledger, TraceRow
 from .seeds import Seeds, numpy_state, set_numpy_state
-from .links import OVERHEADS, Capacity, Link, LinkSpec
+from .links import ACKS, OVERHEADS, Capacity, Link, LinkSpec
 from .sharing import FairSharing, Flow
 
 
@@ -130,6 +130,7 @@ class Network:
         if sharing not in ("fifo", "fair"):
             raise ValueError(f"link sharing {sharing!r}: fifo or fair")
         self.wire_size = OVERHEADS[overhead]  # a payload's bytes on the wire; None: the payload alone
+        self.ack_size = ACKS[overhead]  # the bytes of its ACKs on the way back; None: none
         if self.wire_size is not None:
             ledger.count_wire_bytes()
         # Fair sharing's flows; None: each link's FIFO queue times its messages at send.
@@ -282,9 +283,10 @@ class Network:
         wire = nbytes
         if self.wire_size is not None:
             wire = self.wire_size(nbytes)
-            ledger.wire_bytes += wire
+            ledger.wire_bytes += wire + self.ack_size(nbytes)
         if self.flows is not None:
-            return self._flow(link, wire, Message(src, dst, kind, rnd, nbytes, now, math.inf, frame, None, trace))
+            return self._flow(link, nbytes, wire, Message(src, dst, kind, rnd, nbytes, now, math.inf, frame, None,
+                                                          trace))
         arrival = link.transmit(now, wire)
         self.send_seconds[src] += link.free_at - link.last_start
         if arrival is None:
@@ -296,15 +298,19 @@ class Network:
         else:
             self.clock.schedule(arrival, self._arrive_event, link, message)
 
-    def _flow(self, link: Link, wire: int, message: Message) -> None:
-        """Fair sharing: the message joins its link's queue as a flow of its wire bits. Its loss and latency
-        are drawn now, as a FIFO link draws them; a lost message's bits still take their share."""
+    def _flow(self, link: Link, nbytes: int, wire: int, message: Message) -> None:
+        """Fair sharing: the message joins its link's queue as a flow of its wire bits (its ACKs, with an
+        overhead, drawing on the way back). Its loss and latency are drawn now, as a FIFO link draws them; a
+        lost message's bits still take their share."""
         latency = link.fate()
         if latency is None:
             self._drop(link, "loss", message.trace)
         else:
             self.in_flight += 1
-        self.flows.send(Flow(link, 8.0 * wire, message if latency is not None else None, latency))
+        acks = None
+        if self.ack_size is not None and wire:
+            acks = (self.uplinks[link.dst], self.downlinks[link.src], self.ack_size(nbytes) / wire)
+        self.flows.send(Flow(link, 8.0 * wire, message if latency is not None else None, latency, acks))
 
     def _turn(self, flow: Flow, now: float) -> bool:
         """A flow that waited behind others on its link leaves only if its sender and its edge are still up."""

@@ -11,6 +11,9 @@ TCP window and latency terms:
 - Active flows share capacity max-min fairly. A flow's rate is at most its
   link's bandwidth; the active flows leaving a node share its uplink; those
   entering a node share its downlink; an infinite capacity constrains nothing.
+  With --link-overhead tcp a flow's ACKs draw on its receiver's uplink and its
+  sender's downlink too, at their share of its rate (66 bytes per two segments
+  of 1514: 2.2%): a node receiving at full rate has that much less to send with.
   The rates are progressive filling's (water-filling): all rates rise together,
   and a flow's stops when its link's bandwidth or a capacity it draws on is
   used up.
@@ -45,17 +48,23 @@ FINISHED = 1e-9  # bits left, as a fraction of a flow's size, that are rounding 
 
 class Flow:
     """One message's transmission on its link, and what its owner needs when it ends."""
-    __slots__ = ("link", "bits", "left", "rate", "start", "updated", "end", "version", "capacities",
+    __slots__ = ("link", "bits", "left", "rate", "start", "updated", "end", "version", "capacities", "weights",
                  "message", "latency")
 
-    def __init__(self, link: Link, bits: float, message: Any, latency: float | None):
+    def __init__(self, link: Link, bits: float, message: Any, latency: float | None,
+                 acks: tuple[Capacity, Capacity, float] | None = None):
         self.link, self.bits, self.left = link, bits, bits
         self.message, self.latency = message, latency  # the owner's: what arrives, and how long after the end
         self.rate = 0.0  # until it starts
         self.start = self.updated = self.end = 0.0
         self.version = 0
-        # The shared capacities it draws on: an infinite one constrains nothing.
-        self.capacities = tuple(capacity for capacity in (link.up, link.down) if capacity.rate != math.inf)
+        # The shared capacities it draws on, and how much of each per bit/s of its rate: its bits on the sender's
+        # uplink and the receiver's downlink, and `acks` = (receiver's uplink, sender's downlink, ACK bits per
+        # bit) for the ACKs coming back. An infinite capacity constrains nothing.
+        uses = [(link.up, 1.0), (link.down, 1.0)] + ([(acks[0], acks[2]), (acks[1], acks[2])] if acks else [])
+        used = [(capacity, weight) for capacity, weight in uses if capacity.rate != math.inf]
+        self.capacities = tuple(capacity for capacity, _ in used)
+        self.weights = tuple(weight for _, weight in used)
 
 
 class FairSharing:
@@ -178,39 +187,46 @@ def fair_rates(flows: Collection[Flow], active: dict[Capacity, dict[Flow, None]]
     """Max-min fair rates by progressive filling, for flows that include every active flow on their capacities.
 
     All rates rise together from zero: the level. A flow stops at its link's bandwidth when the level reaches
-    it; when a capacity is used up (the level reaches its equal share of what the stopped flows left), its
+    it; when a capacity is used up (the level reaches what the stopped flows left of it over the weight of the
+    flows still rising on it: a flow draws weight x rate, 1 for its bits, its ACK share for its ACKs), its
     flows still rising stop there. A heap of the capacities' shares finds each next level: the cost is
     (flows + capacities) x log(capacities).
     """
     left: dict[Capacity, float] = {}  # what the stopped flows left of each capacity
     rising: dict[Capacity, int] = {}  # how many of its flows still rise
+    weight: dict[Capacity, float] = {}  # what they draw on it per unit of the level
     for flow in flows:
-        for capacity in flow.capacities:
+        for capacity, w in zip(flow.capacities, flow.weights):
             left[capacity] = capacity.rate
             rising[capacity] = rising.get(capacity, 0) + 1
+            weight[capacity] = weight.get(capacity, 0.0) + w
     order = {capacity: i for i, capacity in enumerate(left)}  # equal shares go in a repeatable order
-    shares = [(left[capacity] / rising[capacity], order[capacity], capacity) for capacity in left]
+    shares = [(left[capacity] / weight[capacity], order[capacity], capacity) for capacity in left]
     heapq.heapify(shares)
     rates: dict[Flow, float] = {}
     changed: dict[Capacity, None] = {}  # capacities whose share the flows stopped in this step moved
 
     def stop(flow: Flow, rate: float) -> None:
         rates[flow] = rate
-        for capacity in flow.capacities:
-            left[capacity] -= rate
+        for capacity, w in zip(flow.capacities, flow.weights):
+            left[capacity] -= w * rate
             rising[capacity] -= 1
+            weight[capacity] -= w
             changed[capacity] = None
+
+    def share(capacity: Capacity) -> float:
+        return max(0.0, left[capacity]) / weight[capacity]
 
     def tightest() -> tuple[float, Capacity | None]:
         """The lowest share of a capacity with flows still rising (entries a stop has changed are dropped)."""
         for capacity in changed:
             if rising[capacity]:
-                heapq.heappush(shares, (left[capacity] / rising[capacity], order[capacity], capacity))
+                heapq.heappush(shares, (share(capacity), order[capacity], capacity))
         changed.clear()
         while shares:
-            share, _, capacity = shares[0]
-            if rising[capacity] and share == left[capacity] / rising[capacity]:
-                return share, capacity
+            level, _, capacity = shares[0]
+            if rising[capacity] and level == share(capacity):
+                return level, capacity
             heapq.heappop(shares)
         return math.inf, None
 

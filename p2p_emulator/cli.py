@@ -193,8 +193,8 @@ def _resume(argv: list[str]) -> int:
     return 0
 
 
-def node_main(argv: list[str]) -> int:
-    """emulate node: run one node of a run, connected to its peers over TCP, into its own directory."""
+def node_parser() -> _Parser:
+    """`emulate node`'s flags."""
     parser = _Parser(prog="emulate node", description="Run one node of a run over TCP (docs/validation.md).")
     parser.add_argument("--config", required=True, help="the run's settings (a launched run's config.yaml)")
     parser.add_argument("--id", type=int, required=True, help="this node's id")
@@ -203,9 +203,13 @@ def node_main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, help="this node's run directory")
     parser.add_argument("--start-at", type=float, default=None, help="the run's start, wall seconds since the epoch")
     parser.add_argument("--launched", action="store_true", help=argparse.SUPPRESS)
+    return parser
 
+
+def node_main(argv: list[str]) -> int:
+    """emulate node: run one node of a run, connected to its peers over TCP, into its own directory."""
     def body() -> int:
-        args = parser.parse_args(argv)
+        args = node_parser().parse_args(argv)
         registry = protocols()
         settings = cfg.read_config_file(args.config)
         settings.update(out=args.out, overwrite=True, quiet=True, no_plots=True)

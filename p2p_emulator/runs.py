@@ -95,6 +95,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if config.transport != "emulated" and placement is None:
         return _launched(config, options, out_dir)
     graph, schedule = build_topology(config)
+    if placement is not None:
+        transport.check_placement(placement, graph)
     nodes_filled_in = config.nodes != graph.number_of_nodes()
     config.nodes = graph.number_of_nodes()
     scenario = scenarios.scenario(config, config.nodes, schedule)  # bad node ids fail before any work

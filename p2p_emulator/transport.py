@@ -163,6 +163,17 @@ def placement(node: int, listen: str, peers: str, start_at: float | None, launch
                      ready=_ready_from_launcher if launched else None)
 
 
+def check_placement(where: Placement, graph) -> None:
+    """Refuse a node id the run does not have, or peers that lack one of the node's out-neighbours."""
+    n = graph.number_of_nodes()
+    if not 0 <= where.node < n:
+        raise UsageError(f"--id {where.node}: the run's nodes are 0..{n - 1}")
+    out = graph.successors(where.node) if graph.is_directed() else graph.neighbors(where.node)
+    missing = sorted(set(out) - set(where.peers))
+    if missing:
+        raise UsageError(f"--peers: no address for node {missing[0]}, an out-neighbour of node {where.node}")
+
+
 async def _ready_from_launcher() -> float:
     """Say so to the launcher and read back the run's start instant."""
     print("ready", flush=True)

@@ -273,6 +273,14 @@ def parse_error(argv: list[str], plugins: dict[str, type] | None = None) -> str 
         return None
     if "--list-protocols" in argv or "--version" in argv:
         return None
+    if argv[:1] == ["node"]:  # its flags, and the run's settings it reads
+        try:
+            cli.cfg.resolve(cli.cfg.read_config_file(cli.node_parser().parse_args(argv[1:]).config), registry)
+        except UsageError as exc:
+            return f"emulate: error: {exc}"
+        return None
+    if argv[:1] == ["merge"]:  # a run directory the nodes wrote
+        return None if len(argv) == 2 else "emulate: error: usage: emulate merge RUN_DIR"
     if argv[:1] == ["resume"]:  # a run directory a page's earlier command made
         return None if len(argv) == 2 else "emulate: error: usage: emulate resume RUN_DIR"
     try:

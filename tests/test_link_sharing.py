@@ -8,7 +8,7 @@ import pytest
 
 from emulator.clock import VirtualClock
 from emulator.ledger import Ledger
-from emulator.links import LinkSpec, tcp_wire_bytes
+from emulator.links import LinkSpec, tcp_ack_bytes, tcp_wire_bytes
 from emulator.network import Network
 from emulator.seeds import Seeds
 from emulator.sharing import Flow, fair_rates
@@ -100,12 +100,25 @@ def test_tcp_overhead_times_the_wire_bytes_and_keeps_the_payload_counts(sharing)
     net = _network(nx.path_graph(2), sharing, bandwidth=1e6, overhead="tcp")
     assert _run(net, [(0, 1, payload)]) == [pytest.approx(L + 8 * (payload + 660) / 1e6, rel=1e-12)]
     totals = net.ledger.totals()
+    # wire: 10 segments' headers; and 5 ACKs (one per two segments) on the way back
     assert (totals["bytes_total"], totals["bytes_delivered"], totals["wire_bytes"]) == (payload, payload,
-                                                                                          payload + 660)
+                                                                                          payload + 660 + 330)
 
 
 def test_wire_bytes_per_segment():
     assert [tcp_wire_bytes(n) for n in (0, 1, 1448, 1449)] == [0, 67, 1514, 1449 + 132]
+    assert [tcp_ack_bytes(n) for n in (0, 1, 2 * 1448, 2 * 1448 + 1)] == [0, 66, 66, 132]
+
+
+def test_fair_acks_take_their_share_of_the_receivers_uplink():
+    """Two nodes sending to each other through uplinks of R: each uplink carries its data and the ACKs of the
+    other's, so each flow runs at R / (1 + a), a = ACK bytes per wire byte; one way alone, at R."""
+    size = 1448 * 100
+    wire, acks = tcp_wire_bytes(size), tcp_ack_bytes(size)
+    both = _run(_network(nx.path_graph(2), uplink=R, overhead="tcp"), [(0, 1, size), (1, 0, size)])
+    assert both == pytest.approx([L + 8 * (wire + acks) / R] * 2, rel=1e-12)
+    one_way = _run(_network(nx.path_graph(2), uplink=R, overhead="tcp"), [(0, 1, size)])
+    assert one_way == [L + 8 * wire / R]
 
 
 def test_settings_reach_the_network_and_defaults_add_no_totals():
@@ -118,7 +131,7 @@ def test_settings_reach_the_network_and_defaults_add_no_totals():
     fair = emulate(run, nx.star_graph(3), latency="10ms", uplink="1Mbps", link_sharing="fair",
                    link_overhead="tcp", trace=True)
     size = fair.ledger.trace[0].bytes
-    assert fair.ledger.totals()["wire_bytes"] == 3 * tcp_wire_bytes(size)
+    assert fair.ledger.totals()["wire_bytes"] == 3 * (tcp_wire_bytes(size) + tcp_ack_bytes(size))
     assert [row.t_arrive for row in fair.ledger.trace] == pytest.approx(
         [L + 3 * 8 * tcp_wire_bytes(size) / 1e6] * 3, rel=1e-12)
     fifo = emulate(run, nx.star_graph(3), latency="10ms", uplink="1Mbps", trace=True)

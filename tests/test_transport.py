@@ -1,11 +1,13 @@
 """A real transport: the same protocol file, each node its own process, frames over loopback TCP."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import p2p_emulator
-from p2p_emulator import testbed
+from p2p_emulator import testbed, transport
 from p2p_emulator.analysis.rundir import read_jsonl
 from p2p_emulator.cli import main
 
@@ -58,3 +60,34 @@ def test_shaped_run_in_namespaces_carries_the_emulated_bytes_at_the_shaped_rate(
     rounds = [max(r["t"] for r in real.metrics if r["round"] == k) for k in range(3)]
     assert rounds[-1] >= 0.97 * emulated.summary["emulated_seconds"]
     assert not [name for name in testbed._namespaces() if name.startswith(f"{testbed.PREFIX}{os.getpid()}")]
+
+
+def test_nodes_started_on_their_own_then_merged(tmp_path):
+    """What one would run on two machines: each node with the run's settings and its peers' addresses."""
+    settings = dict(SETTINGS, topology="line", nodes=2)
+    emulated = p2p_emulator.run(**settings, out=str(tmp_path / "emulated"))
+    ports = transport._free_ports(2)
+    peers = tmp_path / "peers.csv"
+    peers.write_text("node,host,port\n" + "".join(f"{i},127.0.0.1,{port}\n" for i, port in enumerate(ports)))
+    run = tmp_path / "run"
+    nodes = [subprocess.Popen([sys.executable, "-m", "p2p_emulator.cli", "node", "--config",
+                               str(emulated.out_dir / "config.yaml"), "--id", str(i), "--listen",
+                               f"127.0.0.1:{ports[i]}", "--peers", str(peers), "--out", str(run / "nodes" / str(i))])
+             for i in range(2)]
+    assert [node.wait(timeout=120) for node in nodes] == [0, 0]
+    assert main(["merge", str(run)]) == 0
+    assert (run / "links.csv").read_text() == (emulated.out_dir / "links.csv").read_text()
+
+
+def test_a_node_refuses_an_id_or_peers_its_run_does_not_have(tmp_path, capsys):
+    emulated = p2p_emulator.run(**dict(SETTINGS, rounds=1), out=str(tmp_path / "emulated"))
+    peers = tmp_path / "peers.csv"
+    peers.write_text("node,host,port\n0,127.0.0.1,7100\n")
+    node = ["node", "--config", str(emulated.out_dir / "config.yaml"), "--listen", "127.0.0.1:7101", "--peers",
+            str(peers), "--out", str(tmp_path / "node")]
+    assert main([*node, "--id", "1"]) == 2
+    assert main([*node, "--id", "3"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "emulate: error: --peers: no address for node 2, an out-neighbour of node 1",
+        "emulate: error: --id 3: the run's nodes are 0..2"]
+    assert not (tmp_path / "node").exists()
