@@ -24,7 +24,7 @@ import asyncio
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import msgpack
@@ -45,7 +45,6 @@ class Placement:
     peers: dict[int, tuple[str, int]]
     start_at: float | None = None  # wall seconds since the epoch; None: once connected
     ready: Callable[[], Awaitable[float]] | None = None  # awaited once connected: it gives start_at
-    framing_bytes: list[int] = field(default_factory=lambda: [0])
 
 
 class TcpNetwork(Network):
@@ -58,18 +57,18 @@ class TcpNetwork(Network):
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._sent_seq: dict[int, int] = {}
         self._readers: list[asyncio.Task] = []
-        self._accepted = asyncio.Event()
+        self._in_neighbours = set(self.in_neighbours(self.local))
+        self._accepted_from: set[int] = set()
+        self._accepted = asyncio.Event()  # set once every in-neighbour has connected
         self._server = None
+        self.framing_bytes = 0  # the headers written before the frames, counted apart from them
 
     # -- setting up -------------------------------------------------------------
     async def connect(self) -> None:
         """Listen, connect to the out-neighbours, wait for the in-neighbours; then wait for the start instant."""
         host, port = self.placement.listen
         self._server = await asyncio.start_server(self._accept, host, port, reuse_address=True)
-        wanted_in = set(self.in_neighbours(self.local))
-        self._expected_in = wanted_in
-        self._accepted_from: set[int] = set()
-        if not wanted_in:
+        if not self._in_neighbours:
             self._accepted.set()
         for peer in self.neighbours(self.local):
             self._writers[peer] = await self._dial(peer)
@@ -100,7 +99,7 @@ class TcpNetwork(Network):
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         (src,) = _HELLO.unpack(await reader.readexactly(_HELLO.size))
         self._accepted_from.add(src)
-        if self._expected_in <= self._accepted_from:
+        if self._in_neighbours <= self._accepted_from:
             self._accepted.set()
         task = asyncio.current_task()
         self._readers.append(task)
@@ -124,7 +123,7 @@ class TcpNetwork(Network):
         header = msgpack.packb([seq, kind, rnd, now])
         writer.write(_SIZES.pack(nbytes, len(header)) + header)
         writer.write(frame)
-        self.placement.framing_bytes[0] += _SIZES.size + len(header)
+        self.framing_bytes += _SIZES.size + len(header)
         if trace is not None:
             trace.fate = "sent"
 

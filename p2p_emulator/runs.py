@@ -154,7 +154,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         failures: list[str] = []  # after the last round nothing is lost: the run directory is written first
         summary = {**_summary(config, scenario, emulation, rows, wall, failures), "config_hash": config_hash,
-                   **_checkpoint_summary(config, emulation), **_transport(config, placement),
+                   **_checkpoint_summary(config, emulation), **_transport(config, placement, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
     if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
@@ -185,11 +185,11 @@ def _launched(config: cfg.RunConfig, options: Any, out_dir: Path) -> RunResult:
     return RunResult(out_dir, summary, read_jsonl(out_dir / "metrics.jsonl"))
 
 
-def _transport(config: cfg.RunConfig, placement: Placement | None) -> dict:
+def _transport(config: cfg.RunConfig, placement: Placement | None, emulation: Emulation) -> dict:
     """A node process's transport, its id and the framing bytes it wrote beside its frames."""
     if placement is None:
         return {}
-    return {"transport": config.transport, "node": placement.node, "framing_bytes": placement.framing_bytes[0]}
+    return {"transport": config.transport, "node": placement.node, "framing_bytes": emulation.network.framing_bytes}
 
 
 def _checkpoint_summary(config: cfg.RunConfig, emulation: Emulation) -> dict:

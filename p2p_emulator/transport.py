@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from emulator.errors import UsageError
-from emulator.ledger import DROP_CAUSES
+from emulator.ledger import DROP_CAUSES, LINK_COUNTERS, Ledger
 from emulator.protocol import protocols
 from emulator.tcp import Placement
 
@@ -256,11 +256,9 @@ def _merged_trace(parts: list[Path]) -> list[dict]:
 
 def _merged_summary(summaries: list[dict], rows: list[dict], links: dict, wall_seconds: float) -> dict:
     first = summaries[0]
-    totals = {"messages_total": sum(r["msgs_sent"] for r in links.values()),
-              "messages_delivered": sum(r["msgs_delivered"] for r in links.values()),
-              "bytes_total": sum(r["bytes_sent"] for r in links.values()),
-              "bytes_delivered": sum(r["bytes_delivered"] for r in links.values()),
-              **{f"dropped_{cause}": sum(r[f"dropped_{cause}"] for r in links.values()) for cause in DROP_CAUSES}}
+    ledger = Ledger()  # the merged links' counters, totalled as an emulated run's are
+    ledger.links = {link: [row[column] for column in LINK_COUNTERS] for link, row in links.items()}
+    totals = ledger.totals()
     node_time = {key: [s["node_time"][key][s["node"]] for s in summaries] for key in ("compute_seconds", "idle_seconds")}
     asynchronous = protocols()[first["protocol"]].asynchronous
     return {"protocol": first["protocol"], "topology": first["topology"], "nodes": len(summaries),
