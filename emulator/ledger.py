@@ -66,10 +66,20 @@ class Ledger:
         self.rounds: dict[int, RoundCounts] = {}  # round -> every node's counts for it
         self.trace: list[TraceRow] | None = [] if trace else None
         self.wire_bytes: int | None = None  # payload and headers on the wire, where a network counts them
+        self.resent_bytes: dict[tuple[int, int], int] | None = None  # per link: payload sent again (reliable loss)
 
     def count_wire_bytes(self) -> None:
         """Total the bytes on the wire too (a network with a link overhead adds to wire_bytes)."""
         self.wire_bytes = 0
+
+    def count_resent_bytes(self) -> None:
+        """Count, per link, the payload bytes a reliable transport sends again (a lossy link under it adds them)."""
+        if self.resent_bytes is None:
+            self.resent_bytes = {}
+
+    def resent(self, link, nbytes: int) -> None:
+        key = (link.src, link.dst)
+        self.resent_bytes[key] = self.resent_bytes.get(key, 0) + nbytes
 
     def state(self) -> dict:
         """Its per node and round counts (the nonzero ones) and its trace, as plain data; the per link
@@ -78,7 +88,9 @@ class Ledger:
                                 for node in range(self.num_nodes) if any(counts.of(node))],
                 "trace": None if self.trace is None else [
                     [r.src, r.dst, r.kind, r.round, r.bytes, r.t_send, r.t_arrive, r.fate] for r in self.trace],
-                **({"wire_bytes": self.wire_bytes} if self.wire_bytes is not None else {})}
+                **({"wire_bytes": self.wire_bytes} if self.wire_bytes is not None else {}),
+                **({"resent_bytes": [[*key, n] for key, n in sorted(self.resent_bytes.items())]}
+                   if self.resent_bytes is not None else {})}
 
     def load_state(self, state: dict) -> None:
         self.rounds.clear()
@@ -87,6 +99,8 @@ class Ledger:
         if state["trace"] is not None:
             self.trace[:] = [TraceRow(*row) for row in state["trace"]]
         self.wire_bytes = state.get("wire_bytes")  # counted only with a link overhead
+        if "resent_bytes" in state:  # counted only on reliable lossy links
+            self.resent_bytes = {(src, dst): n for src, dst, n in state["resent_bytes"]}
 
     def row(self, key: tuple[int, int]) -> list[int]:
         """The counters of link key = (src, dst); links keep a reference so the hot path skips lookups."""
@@ -165,11 +179,17 @@ class Ledger:
         out.update({f"dropped_{c}": sum(r[i] for r in rows) for c, i in _CAUSE.items()})
         if self.wire_bytes is not None:
             out["wire_bytes"] = self.wire_bytes
+        if self.resent_bytes is not None:
+            out["bytes_resent"] = sum(self.resent_bytes.values())
         return out
 
     def link_table(self) -> Iterator[list[int]]:
-        """One row per directed link, in (src, dst) order: [src, dst, *counters] (LINK_COUNTERS' order)."""
-        return ([*key, *self.links[key]] for key in sorted(self.links))
+        """One row per directed link, in (src, dst) order: [src, dst, *counters] (LINK_COUNTERS' order), and the
+        payload bytes it sent again where those are counted."""
+        resent = self.resent_bytes
+        if resent is None:
+            return ([*key, *self.links[key]] for key in sorted(self.links))
+        return ([*key, *self.links[key], resent.get(key, 0)] for key in sorted(self.links))
 
     def trace_rows(self) -> Iterator[dict]:
         return (asdict(row) for row in self.trace)

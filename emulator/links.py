@@ -22,6 +22,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from .recovery import Window, transfer
 from .seeds import numpy_generator, numpy_state, random_state, set_random_state
 
 
@@ -121,6 +122,9 @@ def tcp_ack_bytes(nbytes: int) -> int:
     return -(-nbytes // (2 * TCP_SEGMENT)) * TCP_HEADERS
 
 
+# --loss-model: a lossy link loses whole messages (datagram), or segments that are sent again (reliable)
+LOSS_MODELS = ("datagram", "reliable")
+
 # --link-overhead: the wire size of a payload and of its ACKs on the way back (None: the payload itself, no ACKs)
 OVERHEADS = {"none": None, "tcp": tcp_wire_bytes}
 ACKS = {"none": None, "tcp": tcp_ack_bytes}
@@ -146,10 +150,10 @@ class Capacity:
 
 class Link:
     __slots__ = ("src", "dst", "latency", "bandwidth", "loss", "corrupt", "draws", "_rng", "_corrupt_rng", "_seeds",
-                 "loss_bad", "free_at", "last_start", "last_arrival", "up", "down", "counters")
+                 "loss_bad", "free_at", "last_start", "last_arrival", "up", "down", "counters", "window", "resent")
 
     def __init__(self, src: int, dst: int, spec: LinkSpec, seeds, up: Capacity, down: Capacity,
-                 counters: list[int] | None = None):
+                 counters: list[int] | None = None, reliable: bool = False):
         self.src, self.dst = src, dst
         self.counters = counters  # this link's row of the ledger
         self.latency, self.bandwidth, self.loss, self.corrupt = spec.latency, spec.bandwidth, spec.loss, spec.corrupt
@@ -160,6 +164,9 @@ class Link:
         self.free_at = self.last_start = 0.0
         self.last_arrival = 0.0
         self.up, self.down = up, down
+        # Reliable transport (emulator.recovery): lost segments are sent again; None: whole messages are lost.
+        self.window = Window() if reliable and spec.loss.draws else None
+        self.resent = 0  # payload bytes the last message sent again
 
     @property
     def rng(self) -> random.Random:
@@ -189,10 +196,13 @@ class Link:
     def state(self) -> list:
         """Its queue's times, loss state, generators (None: not made yet) and ledger row, as plain data."""
         return [self.free_at, self.last_start, self.last_arrival, self.loss_bad, random_state(self._rng),
-                numpy_state(self._corrupt_rng), list(self.counters)]
+                numpy_state(self._corrupt_rng), list(self.counters)] + (
+            [self.window.state()] if self.window is not None else [])
 
     def load_state(self, state: list) -> None:
-        self.free_at, self.last_start, self.last_arrival, self.loss_bad, rng, corrupt, counters = state
+        self.free_at, self.last_start, self.last_arrival, self.loss_bad, rng, corrupt, counters, *window = state
+        if window:
+            self.window.load_state(window[0])
         if rng is not None:
             set_random_state(self.rng, rng)
         if corrupt is not None:
@@ -201,20 +211,26 @@ class Link:
 
     def fate(self) -> float | None:
         """A message's way over the link, drawn when it is put on the link: its latency sample, or None when
-        it is lost (the loss draw comes first)."""
+        it is lost (the loss draw comes first; a reliable link loses segments instead: `recover`)."""
         rng = self.rng if self.draws else None
-        if self.loss.draws and self.loss.lost(rng, self):
+        if self.loss.draws and self.window is None and self.loss.lost(rng, self):
             return None
         return self.latency.sample(rng)
+
+    def recover(self, payload: int, sending: float, latency: float) -> float:
+        """A reliable link: how long a message whose loss-free transmission takes `sending` holds the link, its
+        lost segments sent again (their payload bytes: `resent`)."""
+        took, self.resent = transfer(self.window, payload, TCP_SEGMENT, sending, 2 * latency, self.loss.lost, self)
+        return took
 
     def arrival(self, end: float, latency: float) -> float:
         """When a message whose transmission ended at `end` arrives: never before the one ahead of it."""
         self.last_arrival = max(end + latency, self.last_arrival)
         return self.last_arrival
 
-    def transmit(self, now: float, nbytes: int) -> float | None:
-        """Occupy the link (FIFO) for a message of nbytes on the wire; return its arrival time, or None when
-        it is lost."""
+    def transmit(self, now: float, nbytes: int, payload: int | None = None) -> float | None:
+        """Occupy the link (FIFO) for a message of nbytes on the wire (`payload` of them its own); return its
+        arrival time, or None when it is lost."""
         up = self.up
         rate = min(self.bandwidth, up.rate)
         start = self.last_start = max(now, self.free_at, up.free_at)
@@ -225,6 +241,11 @@ class Link:
         latency = self.fate()
         if latency is None:
             return None
+        if self.window is not None:
+            payload = nbytes if payload is None else payload
+            self.free_at = end = start + self.recover(payload, end - start, latency)
+            if up.rate != math.inf and payload:  # the uplink carries the bits, resent ones too, not the waits
+                up.free_at = start + (up.free_at - start) * (1 + self.resent / payload)
         arrival = self.arrival(end, latency)
         down = self.down
         if down.rate != math.inf:

@@ -33,7 +33,7 @@ import networkx as nx
 from . import wire
 from .ledger import Ledger, TraceRow
 from .seeds import Seeds, numpy_state, set_numpy_state
-from .links import ACKS, OVERHEADS, Capacity, Link, LinkSpec
+from .links import ACKS, LOSS_MODELS, OVERHEADS, Capacity, Link, LinkSpec
 from .sharing import FairSharing, Flow
 
 
@@ -126,9 +126,12 @@ class Network:
                  uplink: float | Sequence[float] = math.inf, downlink: float | Sequence[float] = math.inf,
                  compress: str = "none", max_message_bytes: int = 2**62, schedule=None, faults=None,
                  nodes_change: bool = False, checksum: bool = True, adversaries=None, sharing: str = "fifo",
-                 overhead: str = "none"):
+                 overhead: str = "none", loss_model: str = "datagram"):
         if sharing not in ("fifo", "fair"):
             raise ValueError(f"link sharing {sharing!r}: fifo or fair")
+        if loss_model not in LOSS_MODELS:
+            raise ValueError(f"loss model {loss_model!r}: {' or '.join(LOSS_MODELS)}")
+        self.reliable = loss_model == "reliable"  # lossy links lose segments, sent again (emulator.recovery)
         self.wire_size = OVERHEADS[overhead]  # a payload's bytes on the wire; None: the payload alone
         self.ack_size = ACKS[overhead]  # the bytes of its ACKs on the way back; None: none
         if self.wire_size is not None:
@@ -186,7 +189,9 @@ class Network:
             spec = self.edge_specs.get(key, self.spec)
             # every link gets a ledger row, even if it stays idle
             link = self.links[key] = Link(src, dst, spec, self.seeds, self.uplinks[src], self.downlinks[dst],
-                                          self.ledger.row(key))
+                                          self.ledger.row(key), self.reliable)
+            if link.window is not None:
+                self.ledger.count_resent_bytes()
         return link
 
     def state(self) -> dict:
@@ -287,10 +292,12 @@ class Network:
         if self.flows is not None:
             return self._flow(link, nbytes, wire, Message(src, dst, kind, rnd, nbytes, now, math.inf, frame, None,
                                                           trace))
-        arrival = link.transmit(now, wire)
+        arrival = link.transmit(now, wire, nbytes)
         self.send_seconds[src] += link.free_at - link.last_start
         if arrival is None:
             return self._drop(link, "loss", trace)
+        if link.window is not None:
+            self._resent(link)
         self.in_flight += 1
         message = Message(src, dst, kind, rnd, nbytes, now, arrival, frame, None, trace)
         if self.senders_change and link.last_start > now:
@@ -298,19 +305,38 @@ class Network:
         else:
             self.clock.schedule(arrival, self._arrive_event, link, message)
 
+    def _resent(self, link: Link) -> None:
+        """A reliable link's last message sent `link.resent` payload bytes again: on the ledger, and on the wire."""
+        self.ledger.resent(link, link.resent)
+        if self.wire_size is not None and link.resent:
+            self.ledger.wire_bytes += self.wire_size(link.resent) + self.ack_size(link.resent)
+
     def _flow(self, link: Link, nbytes: int, wire: int, message: Message) -> None:
         """Fair sharing: the message joins its link's queue as a flow of its wire bits (its ACKs, with an
         overhead, drawing on the way back). Its loss and latency are drawn now, as a FIFO link draws them; a
-        lost message's bits still take their share."""
+        lost message's bits still take their share. On a reliable lossy link, recovery at the link's own rate
+        decides the rest: the bits sent again join the flow, and the waits for lost segments its latency."""
         latency = link.fate()
         if latency is None:
             self._drop(link, "loss", message.trace)
         else:
             self.in_flight += 1
+        if link.window is not None:
+            wire, latency = self._recover(link, nbytes, wire, latency)
         acks = None
         if self.ack_size is not None and wire:
             acks = (self.uplinks[link.dst], self.downlinks[link.src], self.ack_size(nbytes) / wire)
         self.flows.send(Flow(link, 8.0 * wire, message if latency is not None else None, latency, acks))
+
+    def _recover(self, link: Link, nbytes: int, wire: int, latency: float) -> tuple[float, float]:
+        """A reliable lossy link under fair sharing: its message's wire bytes, resent ones too, and its latency
+        lengthened by the waits for lost segments (recovery played at the link's own rate)."""
+        rate = min(link.bandwidth, link.up.rate)
+        sending = 8.0 * wire / rate if rate != math.inf else 0.0
+        took = link.recover(nbytes, sending, latency)
+        self._resent(link)
+        more = link.resent / nbytes if nbytes else 0.0
+        return wire * (1 + more), latency + took - sending * (1 + more)
 
     def _turn(self, flow: Flow, now: float) -> bool:
         """A flow that waited behind others on its link leaves only if its sender and its edge are still up."""

@@ -20,6 +20,7 @@ from .compute import Compute, Resident
 from .work import Work
 from .network import Message, Network
 from .recorder import Recorder
+from .timeout import Adaptive, Timer
 from .seeds import Seeds, numpy_state, random_state, set_numpy_state, set_random_state
 
 
@@ -45,7 +46,7 @@ class Node:
     the Node itself. `node.id` is the node's number, 0 to num_nodes - 1.
     """
     __slots__ = ("id", "_round", "_context", "_network", "_clock", "_mailbox", "_rng", "_np_rng", "_torch_generator",
-                 "_carried", "idle_seconds", "scorer", "servers", "__weakref__")
+                 "_carried", "_timer", "idle_seconds", "scorer", "servers", "__weakref__")
 
     def __init__(self, context: NodeContext):
         self.id = context.id
@@ -55,6 +56,7 @@ class Node:
         self._mailbox = context.network.mailboxes[context.id]
         self._rng = self._np_rng = self._torch_generator = None
         self._carried = None
+        self._timer: Timer | None = None  # made on its first --timeout auto wait
         self.idle_seconds = 0.0  # emulated seconds its own loop spent waiting for messages or sleeping
         self.scorer: tuple | None = None  # (fn, args): what the clock-driven sampler scores (score_with)
         self.servers: list[asyncio.Task] = []  # its node.serve tasks, ended with the node
@@ -140,17 +142,20 @@ class Node:
         if peers:
             self._network.broadcast(self.id, peers, kind, self._round, body)
 
-    async def recv(self, timeout: float | None = None, kind: str | None = None,
+    async def recv(self, timeout: float | Adaptive | None = None, kind: str | None = None,
                    valid: Callable[[Any], bool] | None = None) -> Message | None:
         """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds (at --duration at
-        the latest).
+        the latest; Adaptive: as long as the node's timer says, emulator.timeout).
 
         With `valid`, a message whose body it rejects (or raises on) is dropped as invalid, unseen.
         """
-        deadline = None if timeout is None else self._clock.now + timeout
+        start = self._clock.now
+        deadline = self._deadline(timeout, start)
         while True:
             message = self._take(kind, valid)
             if message is not None:
+                if isinstance(timeout, Adaptive):
+                    self._timer.observe(message.t_arrive - start)
                 return message
             if not await self._wait(deadline):
                 return None
@@ -170,8 +175,10 @@ class Node:
                 return message
 
     async def gather(self, kind: str, round: int | None = None, peers: list[int] | None = None,
-                     timeout: float | None = None, valid: Callable[[Any], bool] | None = None) -> dict[int, Message]:
-        """One message of `kind` for `round` from each of `peers` (default: the in-neighbours), until `timeout`.
+                     timeout: float | Adaptive | None = None,
+                     valid: Callable[[Any], bool] | None = None) -> dict[int, Message]:
+        """One message of `kind` for `round` from each of `peers` (default: the in-neighbours), until `timeout`
+        (Adaptive: as long as the node's timer says, emulator.timeout).
 
         Returns what arrived, by sender in ascending order. Messages of `kind`
         from earlier rounds are stale and discarded; other messages stay queued.
@@ -182,13 +189,32 @@ class Node:
         rnd = self._round if round is None else round
         wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
         got: dict[int, Message] = {}
-        deadline = None if timeout is None else self._clock.now + timeout
+        start = self._clock.now
+        self._collect(kind, rnd, wanted, got)  # first: a stale message it drops may teach the timer
+        deadline = self._deadline(timeout, start)
         timed_out = False
-        while True:
-            self._collect(kind, rnd, wanted, got)
-            if not wanted or timed_out:
-                return {src: got[src] for src in sorted(got) if self._opens(got[src], valid)}
+        while wanted and not timed_out:
             timed_out = not await self._wait(deadline, _Awaited(kind, rnd, wanted))
+            self._collect(kind, rnd, wanted, got)
+        if isinstance(timeout, Adaptive):
+            self._waited(kind, rnd, start, got, wanted)
+        return {src: got[src] for src in sorted(got) if self._opens(got[src], valid)}
+
+    def _deadline(self, timeout: float | Adaptive | None, start: float) -> float | None:
+        if timeout is None:
+            return None
+        if isinstance(timeout, Adaptive):
+            if self._timer is None:
+                self._timer = Timer()
+            return start + timeout.times * self._timer.timeout() + timeout.extra
+        return start + timeout
+
+    def _waited(self, kind: str, rnd: int, start: float, got: dict[int, Message], missing: set) -> None:
+        """An adaptive gather ended: a sample of how long it took, or, short of some senders, whom to sample later."""
+        if missing:
+            self._timer.missed = (kind, rnd, start, set(missing))
+        elif got:
+            self._timer.observe(max(message.t_arrive for message in got.values()) - start)
 
     def _collect(self, kind: str, rnd: int, wanted: set, got: dict) -> None:
         keep = []
@@ -200,6 +226,8 @@ class Node:
                 wanted.discard(message.src)
             elif message.round == rnd:
                 keep.append(message)
+            elif self._timer is not None:  # stale: maybe one an adaptive wait gave up on
+                self._timer.late(kind, message.round, message.src, message.t_arrive)
         if len(keep) != len(self._mailbox.messages):
             self._mailbox.messages = keep
 
@@ -346,7 +374,8 @@ class Node:
                 "torch_generator": None if generator is None else generator.key,
                 "keys": self._context.compute.keys(self.id), "residents": saved_residents,
                 "idle_seconds": self.idle_seconds, "compute_seconds": self._context.compute.busy_seconds[self.id],
-                "carried": None if self._carried is None else carried_bytes(self._carried)}
+                "carried": None if self._carried is None else carried_bytes(self._carried),
+                **({"timer": self._timer.state()} if self._timer is not None else {})}
 
     def load_state(self, state: dict) -> None:
         """Put its generators and handle count back, once its protocol has set up; what it carries comes back
@@ -359,6 +388,9 @@ class Node:
         if state["torch_generator"] is not None and self._torch_generator is None:
             self._keep_torch_generator(state["torch_generator"])
         self._context.compute.set_keys(self.id, state["keys"])
+        if "timer" in state:
+            self._timer = Timer()
+            self._timer.load_state(state["timer"])
 
     def load_times(self, state: dict) -> None:
         """Put its idle and compute seconds back (every node's, crashed ones too, as the run resumes)."""

@@ -15,7 +15,7 @@ import importlib
 import json
 import pkgutil
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 import networkx as nx
 
 from .seeds import Seeds
+from .timeout import Adaptive
 
 if TYPE_CHECKING:
     from .node import Node
@@ -80,6 +81,8 @@ class Protocol:
             raise TypeError(f"{cls.__name__}: Protocol.checkpoints is now Protocol.checkpointable")
 
     def __init__(self, options: Any, run_info: RunInfo):
+        if getattr(options, "timeout", None) == "auto":  # --timeout auto: the nodes' own timers (emulator.timeout)
+            options = replace(options, timeout=Adaptive())
         self.options, self.run_info = options, run_info
 
     async def run(self, node: "Node") -> None:

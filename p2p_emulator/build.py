@@ -74,7 +74,7 @@ def build_emulation(config: cfg.RunConfig, graph: nx.Graph, protocol: Protocol,
                                faults=dynamics.LinkFaults(scenario, seeds) if scenario.links_change else None,
                                nodes_change=scenario.nodes_change, checksum=not config.no_checksum,
                                adversaries=_adversaries(config, n, seeds), sharing=config.link_sharing,
-                               overhead=config.link_overhead)
+                               overhead=config.link_overhead, loss_model=config.loss_model)
         availability = (dynamics.Availability(scenario, network.online, clock, seeds)
                         if scenario.nodes_change else None)
         compute_model = compute_model or cfg.compute_model(config, n, seeds)

@@ -264,8 +264,9 @@ def _timeout(protocol) -> dict:
     compute = getattr(protocol, "compute_wait", 0.0)
     if not compute:
         return {}
-    return {"timeout": {"given": protocol.given_timeout, "longest_compute": compute,
-                        "waited": protocol.options.timeout}}
+    given, waited = protocol.given_timeout, protocol.options.timeout
+    return {"timeout": {"given": given if isinstance(given, float) else str(given), "longest_compute": compute,
+                        "waited": waited if isinstance(waited, float) else str(waited)}}
 
 
 def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],

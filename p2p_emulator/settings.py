@@ -23,7 +23,7 @@ import yaml
 from emulator import units
 from emulator.compute import ComputeModel, physical_memory
 from emulator.errors import UsageError
-from emulator.links import OVERHEADS, LinkSpec
+from emulator.links import LOSS_MODELS, OVERHEADS, LinkSpec
 from emulator.seeds import Seeds
 
 from .scenario import check as check_dynamics
@@ -50,6 +50,7 @@ class RunConfig:
     latency: str = "10ms"
     bandwidth: str = "100Mbps"
     loss: str = "0"
+    loss_model: str = "reliable"
     corrupt: str = "0"
     no_checksum: bool = False
     adversaries: str = "none"
@@ -107,7 +108,11 @@ HELP = {
     "time_scale": "real clock only: emulated seconds per wall second",
     "latency": "link latency: 20ms, uniform:low=10ms,high=30ms, normal:mean=20ms,std=5ms, lognormal:median=20ms,sigma=0.5",
     "bandwidth": "link bandwidth, SI units: 10Mbps = 10^7 bit/s; inf for unlimited",
-    "loss": "loss per message: a probability (Bernoulli) or ge:p=..,r=..[,loss_good=..,loss_bad=..] (Gilbert-Elliott)",
+    "loss": "loss on each link: a probability (Bernoulli) or ge:p=..,r=..[,loss_good=..,loss_bad=..] (Gilbert-Elliott), "
+            "per TCP segment or per message as --loss-model says",
+    "loss_model": "reliable (TCP: a lost segment is sent again, so a message arrives later, never not at all; "
+                  "summary.json's bytes_resent counts what was sent again) or datagram (whole messages are lost, "
+                  "cause loss: UDP-style): docs/network-model.md",
     "corrupt": "bit flips in arriving frames: a probability per message (one bit flips), or ber:1e-7 (each "
                "bit flips with that probability); with checksums the frame is dropped (cause corrupt)",
     "no_checksum": "send frames without their CRC32C: corrupted frames reach the protocol (silent corruption), "
@@ -295,6 +300,8 @@ def config_hash(config: RunConfig, options: Any) -> str:
     """A digest of the resolved settings that decide a run's results: a sweep reruns a run whose digest changed."""
     settings = {k: v for k, v in {**asdict(config), **asdict(options)}.items()
                 if k not in PRESENTATION and LATER_DEFAULTS.get(k, ...) != v}
+    if config.loss == "0" and not os.path.isfile(config.topology):  # no lossy link: its loss model decides nothing
+        del settings["loss_model"]
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -364,6 +371,7 @@ def validate(config: RunConfig) -> None:
     _choice(config.compress, COMPRESSIONS, "compress")
     _choice(config.link_sharing, LINK_SHARINGS, "link-sharing")
     _choice(config.link_overhead, LINK_OVERHEADS, "link-overhead")
+    _choice(config.loss_model, LOSS_MODELS, "loss-model")
     for name, parse in (("latency", parse_delay), ("loss", parse_loss), ("corrupt", parse_corrupt),
                          ("adversaries", parse_adversaries), ("bandwidth", units.rate),
                          ("uplink", lambda text: node_rates(text, 1, np.random.default_rng())),

@@ -44,7 +44,8 @@ class RunStream:
     def replace_tables(self) -> None:
         """links.csv and availability.jsonl as they stand now, each replaced whole."""
         emulation, start = self.emulation, time.perf_counter()
-        self.writer.replace("links.csv", csv_writer(LINK_COLUMNS, emulation.ledger.link_table()))
+        resent = ("bytes_resent",) if emulation.ledger.resent_bytes is not None else ()  # reliable lossy links
+        self.writer.replace("links.csv", csv_writer(LINK_COLUMNS + resent, emulation.ledger.link_table()))
         if emulation.availability is not None:
             self.writer.jsonl("availability.jsonl", emulation.availability.rows())
         end = time.perf_counter()

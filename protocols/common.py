@@ -92,11 +92,24 @@ class SGDOptions(TrainingOptions):
 
 @dataclass
 class TimeoutOptions(CheckedOptions):
-    timeout: float = field(default=60.0, metadata=option_help("emulated seconds to wait for neighbours' messages"))
+    timeout: float | str = field(default="auto", metadata=option_help(
+        "emulated seconds to wait for neighbours' messages, or auto: as long as the node's earlier waits say "
+        "(TCP's retransmission timer over them, from 1 s: docs/network-model.md)"))
 
     def validate(self):
         super().validate()
-        check("timeout", self.timeout, self.timeout > 0, "must be positive")
+        if self.timeout != "auto":
+            self.timeout = seconds("timeout", self.timeout)
+
+
+def seconds(flag: str, value) -> float:
+    """A positive, finite number of seconds from an option's value (a number, or its text)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    check(flag, value, math.isfinite(number) and number > 0, "must be a positive number of seconds, or auto")
+    return number
 
 
 @dataclass

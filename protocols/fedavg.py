@@ -32,8 +32,9 @@ from .secagg import Plan, SecureAggregationOptions, SecureClient, SecureServer, 
 class FedAvgOptions(TimeoutOptions, SGDOptions):
     momentum: float = default(SGDOptions, "momentum", 0.0)
     weight_decay: float = default(SGDOptions, "weight_decay", 0.0)
-    timeout: float = field(default=60.0, metadata={
-        "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model)"})
+    timeout: float | str = field(default="auto", metadata={
+        "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model), or "
+                "auto: as long as the node's earlier waits say (docs/network-model.md)"})
     clients_per_round: int = field(default=0, metadata={
         "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
 

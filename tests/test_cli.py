@@ -192,7 +192,7 @@ def test_help_shows_every_protocols_own_defaults(capsys):
     text = capsys.readouterr().out
     assert all(f"protocol options ({name})" in text for name in protocols())
     assert [_help_defaults(text, name, "--lr") for name in ("dfedavgm", "mapl", "l2c")] == ["0.05", "0.003", "0.01"]
-    assert [_help_defaults(text, name, "--timeout") for name in ("dfedavgm", "gossip")] == ["60.0", "5.0"]
+    assert [_help_defaults(text, name, "--timeout") for name in ("dfedavgm", "gossip")] == ["auto", "5.0"]
 
 
 def test_help_for_one_protocol_shows_only_its_options(capsys):

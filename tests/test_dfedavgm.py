@@ -83,7 +83,7 @@ def test_local_sends_nothing(tmp_path):
 
 def test_training_goes_on_when_neighbours_are_silent(tmp_path):
     summary, metrics, _ = _run(tmp_path, "lossy", "--protocol", "dfedavgm", "--rounds", "10", "--loss", "0.5",
-                               "--timeout", "5")
+                               "--loss-model", "datagram", "--timeout", "5")
     assert summary["dropped_loss"] > 0
     assert {r["round"] for r in metrics} == set(range(10))
     assert any(r["heard_from"] < 2 for r in metrics)

@@ -141,7 +141,7 @@ def test_a_client_that_hears_nothing_for_the_timeout_asks_again(tmp_path):
     """20% of messages lost: a client is never silent longer than --timeout after its update, or a straggler's
     local round after a model (0.72 s), whatever was lost; without the requests most clients fall silent for
     good after a lost update or answer (seed 0: 7 of 8 send nothing after t = 2.3 s)."""
-    result = run(protocol="fedbuff", buffer=4, duration=4.0, loss="0.2", timeout=0.5, trace=True,
+    result = run(protocol="fedbuff", buffer=4, duration=4.0, loss="0.2", loss_model="datagram", timeout=0.5, trace=True,
                  out=str(tmp_path / "loss"), **STAR9)
     sent = [m for m in _jsonl(result.out_dir / "messages.jsonl") if m["src"] != 0]
     for client in range(1, 9):
@@ -154,7 +154,7 @@ def test_a_client_that_hears_nothing_for_the_timeout_asks_again(tmp_path):
 
 
 def test_churn_stalls_nothing_and_the_run_ends_near_the_horizon(tmp_path):
-    result = run(protocol="fedbuff", buffer=4, duration=5.0, loss="0.1", churn="up=2s,down=1s", timeout=0.5,
+    result = run(protocol="fedbuff", buffer=4, duration=5.0, loss="0.1", loss_model="datagram", churn="up=2s,down=1s", timeout=0.5,
                  out=str(tmp_path / "churn"), **STAR9)
     summary = result.summary
     assert summary["dropped_offline"] > 0

@@ -121,13 +121,23 @@ def test_gilbert_elliott_mean_burst_length_matches_model():
     assert sum(outcomes) / len(outcomes) == pytest.approx(p / (p + r), rel=0.05)
 
 
-def test_ledger_counts_losses_per_link(two_nodes):
+def test_ledger_counts_datagram_losses_per_link(two_nodes):
     log = []
-    emulation = emulate(_receiver_log(log, [(1, b"x")] * 1000), two_nodes, loss="0.2")
+    emulation = emulate(_receiver_log(log, [(1, b"x")] * 1000), two_nodes, loss="0.2", loss_model="datagram")
     sent, delivered, dropped = emulation.ledger.links[0, 1][:3]
     assert sent == 1000 and delivered + dropped == 1000 and delivered == len(log)
     assert emulation.ledger.totals()["dropped_loss"] == dropped
     assert abs(dropped - 200) < 5 * math.sqrt(1000 * 0.2 * 0.8)
+
+
+def test_a_reliable_lossy_link_delivers_every_message_in_order_and_counts_what_it_resent(two_nodes):
+    log = []
+    emulation = emulate(_receiver_log(log, [(1, b"x")] * 1000), two_nodes, loss="0.2")
+    sent, delivered, dropped = emulation.ledger.links[0, 1][:3]
+    assert sent == delivered == len(log) == 1000 and dropped == 0
+    resent = emulation.ledger.resent_bytes[0, 1]  # one segment each: sent until it gets through, 0.25 more on average
+    frame = emulation.ledger.links[0, 1][3] // 1000
+    assert abs(resent / frame - 250) < 5 * math.sqrt(1000 * 0.2 / 0.8 ** 2)
 
 
 @pytest.mark.parametrize("text", ["-5ms", "fast", "uniform:low=1ms", "gauss:mean=1ms,std=1ms"])

@@ -142,7 +142,7 @@ def test_an_answer_after_the_timeout_is_ignored(tmp_path):
 
 
 def test_loss_and_churn_end_at_the_horizon_without_deadlock(tmp_path):
-    r = run(protocol="randomized-gossip", topology="ring", nodes=N, duration=30, loss=0.1, churn="up=2s,down=1s",
+    r = run(protocol="randomized-gossip", topology="ring", nodes=N, duration=30, loss=0.1, loss_model="datagram", churn="up=2s,down=1s",
             out=str(tmp_path / "run"), **QUIET)
     s = r.summary
     assert s["dropped_loss"] > 0 and s["dropped_offline"] > 0

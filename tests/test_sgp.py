@@ -137,8 +137,8 @@ STEP = 0.032  # a step's compute: --batch-size 32 at the default 1 ms per sample
 
 # w after a step without faults: 0.6 on this ring asynchronously (the rest in flight), 1 with --sync
 @pytest.mark.parametrize("faults, dropped, late, lossless_w", [
-    (dict(loss="0.1"), "dropped_loss", STEP, 0.6),
-    (dict(loss="0.1", sync=True, timeout=0.2), "dropped_loss", STEP, 1.0),
+    (dict(loss="0.1", loss_model="datagram"), "dropped_loss", STEP, 0.6),
+    (dict(loss="0.1", loss_model="datagram", sync=True, timeout=0.2), "dropped_loss", STEP, 1.0),
     (dict(churn="up=2s,down=0.2s"), "dropped_offline", 2.0, 0.6),  # an offline node's step waits until it is back
 ])
 def test_lost_shares_drain_the_mass_and_the_run_ends_near_the_horizon(tmp_path, faults, dropped, late, lossless_w):
@@ -154,7 +154,7 @@ def test_lost_shares_drain_the_mass_and_the_run_ends_near_the_horizon(tmp_path, 
 
 def test_under_heavy_loss_drained_nodes_diverge_and_the_run_goes_on(tmp_path):
     """--loss 0.9: w falls about 60% a step, so lr/w overflows float32 within about 100 steps."""
-    result = run(**{**SMALL, "duration": 4.0}, loss="0.9", out=str(tmp_path / "run"))
+    result = run(**{**SMALL, "duration": 4.0}, loss="0.9", loss_model="datagram", out=str(tmp_path / "run"))
     assert result.summary["emulated_seconds"] <= 4.0 + STEP
     last = _last_rows(result.metrics)
     assert all(row["ps_weight"] < 1e-40 and not math.isfinite(row["train_loss"]) for row in last.values())
