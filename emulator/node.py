@@ -155,7 +155,7 @@ class Node:
             message = self._take(kind, valid)
             if message is not None:
                 if isinstance(timeout, Adaptive):
-                    self._timer.observe(message.t_arrive - start)
+                    self._timer.observe(message.t_arrive - message.t_send)
                 return message
             if not await self._wait(deadline):
                 return None
@@ -189,15 +189,15 @@ class Node:
         rnd = self._round if round is None else round
         wanted = set(self._network.in_neighbours(self.id, rnd) if peers is None else peers)
         got: dict[int, Message] = {}
-        start = self._clock.now
         self._collect(kind, rnd, wanted, got)  # first: a stale message it drops may teach the timer
-        deadline = self._deadline(timeout, start)
+        deadline = self._deadline(timeout, self._clock.now)
         timed_out = False
         while wanted and not timed_out:
             timed_out = not await self._wait(deadline, _Awaited(kind, rnd, wanted))
             self._collect(kind, rnd, wanted, got)
         if isinstance(timeout, Adaptive):
-            self._waited(kind, rnd, start, got, wanted)
+            for message in got.values():
+                self._timer.observe(message.t_arrive - message.t_send)
         return {src: got[src] for src in sorted(got) if self._opens(got[src], valid)}
 
     def _deadline(self, timeout: float | Adaptive | None, start: float) -> float | None:
@@ -209,13 +209,6 @@ class Node:
             return start + timeout.times * self._timer.timeout() + timeout.extra
         return start + timeout
 
-    def _waited(self, kind: str, rnd: int, start: float, got: dict[int, Message], missing: set) -> None:
-        """An adaptive gather ended: a sample of how long it took, or, short of some senders, whom to sample later."""
-        if missing:
-            self._timer.missed = (kind, rnd, start, set(missing))
-        elif got:
-            self._timer.observe(max(message.t_arrive for message in got.values()) - start)
-
     def _collect(self, kind: str, rnd: int, wanted: set, got: dict) -> None:
         keep = []
         for message in self._mailbox.messages:
@@ -226,8 +219,8 @@ class Node:
                 wanted.discard(message.src)
             elif message.round == rnd:
                 keep.append(message)
-            elif self._timer is not None:  # stale: maybe one an adaptive wait gave up on
-                self._timer.late(kind, message.round, message.src, message.t_arrive)
+            elif self._timer is not None:  # stale: one a wait gave up on, whose transit still counts
+                self._timer.observe(message.t_arrive - message.t_send)
         if len(keep) != len(self._mailbox.messages):
             self._mailbox.messages = keep
 

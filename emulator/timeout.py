@@ -1,9 +1,10 @@
-"""--timeout auto: a node waits for messages as long as what it has waited before says, as TCP's
-retransmission timer does (RFC 6298), over the node's own waits.
+"""--timeout auto: a node waits for messages as long as what its links have taken says, as TCP's
+retransmission timer does (RFC 6298), plus the compute its peers may still be doing.
 
-A sample R is how long after a wait began its last awaited message arrived (0 when all were there
-already): a round's wait, the slower peers' compute and the links included. A wait that ended without
-a message samples it when it comes later (stale then, and dropped unseen).
+A sample R is a message's time in transit, from its send to its arrival, taken for every message
+a wait of the node collects, and for one that comes after its wait gave up (stale then, and dropped
+unseen). How long a peer computes, or stays offline, is not the network's: a returning node's old
+message says nothing of the links, and the protocol adds the longest round of compute itself.
 
     first sample:  SRTT = R, RTTVAR = R / 2
     then:          RTTVAR <- 3/4 RTTVAR + 1/4 |SRTT - R|;  SRTT <- 7/8 SRTT + 1/8 R
@@ -44,13 +45,12 @@ class Adaptive:
 
 
 class Timer:
-    """One node's estimate of how long its waits take, and the wait it last gave up on."""
-    __slots__ = ("srtt", "rttvar", "missed")
+    """One node's estimate of how long its messages take in transit."""
+    __slots__ = ("srtt", "rttvar")
 
     def __init__(self):
         self.srtt: float | None = None
         self.rttvar = 0.0
-        self.missed: tuple | None = None  # (kind, round, start, senders) of the last wait that timed out
 
     def timeout(self) -> float:
         if self.srtt is None:
@@ -65,17 +65,8 @@ class Timer:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - sample)
             self.srtt = 0.875 * self.srtt + 0.125 * sample
 
-    def late(self, kind: str, rnd: int, src: int, arrived: float) -> None:
-        """A message the last wait that timed out was missing has come: a sample of how long it took."""
-        missed = self.missed
-        if missed is not None and missed[0] == kind and missed[1] == rnd and src in missed[3]:
-            missed[3].discard(src)
-            self.observe(arrived - missed[2])
-
     def state(self) -> list:
-        missed = self.missed
-        return [self.srtt, self.rttvar, None if missed is None else [*missed[:3], sorted(missed[3])]]
+        return [self.srtt, self.rttvar]
 
     def load_state(self, state: list) -> None:
-        self.srtt, self.rttvar, missed = state
-        self.missed = None if missed is None else (*missed[:3], set(missed[3]))
+        self.srtt, self.rttvar = state

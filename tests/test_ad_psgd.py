@@ -79,8 +79,8 @@ def test_loss_and_churn_never_hold_a_step_past_the_timeout(tmp_path, nodes, sche
     """With 10% loss and churn, every step takes at most its gradient, the time its node was offline and
     --timeout; no node starts a step after the horizon; staleness is logged for every step."""
     duration, timeout, gradient = 3.0, 1.0, 32 * 1e-3  # --batch-size samples at --compute-cost 1 ms
-    result = run(protocol="ad-psgd", duration=duration, loss="0.1", loss_model="datagram", churn="up=2s,down=1s", timeout=timeout,
-                 out=str(tmp_path / "run"), **dict(RING, nodes=nodes))
+    result = run(protocol="ad-psgd", duration=duration, loss="0.1", loss_model="datagram", churn="up=2s,down=1s",
+                 timeout=timeout, out=str(tmp_path / "run"), **dict(RING, nodes=nodes))
     summary, rows = result.summary, _read(result.out_dir / "metrics.jsonl")
     down = defaultdict(list)
     for period in _read(result.out_dir / "availability.jsonl"):

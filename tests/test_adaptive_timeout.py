@@ -33,28 +33,43 @@ def test_a_protocol_scales_and_lengthens_the_adaptive_wait():
 
 
 @pytest.mark.asyncio
-async def test_a_wait_that_timed_out_is_sampled_when_its_message_comes(clock):
-    """Node 1 gives up on node 0 after its first 1 s; node 0's message lands at 3 s, and node 1's next wait
-    takes that late arrival as its sample: SRTT 3 s, a timeout of 3 + 4 x 1.5 = 9 s."""
-    net = network(clock, nx.path_graph(2))
+async def test_a_message_that_came_after_its_wait_still_teaches_the_timer(clock):
+    """On a link of 2.5 s, node 1 gives up on node 0's message after its first 1 s; the message lands at 2.5 s,
+    and node 1's next wait takes its transit as a sample, dropping the stale message: SRTT 2.5 s, a timeout of
+    2.5 + 4 x 1.25 = 7.5 s."""
+    net = network(clock, nx.path_graph(2), latency="2500ms")
+    sender, receiver = nodes(net)
+    sender.send(1, "x", 0)
+    assert await receiver.gather("x", round=0, timeout=Adaptive()) == {}
+    assert clock.now == 1.0
+    await receiver.sleep(2.0)
+    started = clock.now
+    assert await receiver.gather("x", round=1, timeout=Adaptive()) == {}
+    assert clock.now - started == pytest.approx(7.5)
+
+
+@pytest.mark.asyncio
+async def test_a_peer_that_sends_late_does_not_lengthen_the_wait(clock):
+    """A message sent late (its sender computed, or was offline) crossed the link as fast as any: the timer learns
+    the link's 10 ms, and stays at its 1 s floor."""
+    net = network(clock, nx.path_graph(2), latency="10ms")
     sender, receiver = nodes(net)
 
     async def late_sender():
-        await sender.sleep(3.0)
+        await sender.sleep(5.0)
         sender.send(1, "x", 0)
 
     clock.loop.create_task(late_sender())
     assert await receiver.gather("x", round=0, timeout=Adaptive()) == {}
-    assert clock.now == 1.0
-    await receiver.sleep(3.0)
+    await receiver.sleep(10.0)
     started = clock.now
-    assert await receiver.gather("x", round=1, timeout=Adaptive()) == {}  # the stale round-0 message is sampled
-    assert clock.now - started == pytest.approx(9.0)
+    assert await receiver.gather("x", round=1, timeout=Adaptive()) == {}
+    assert clock.now - started == MINIMUM
 
 
-def _rounds(tmp_path, name, **settings) -> tuple[dict, list[float]]:
+def _rounds(tmp_path, name, rounds=6, **settings) -> tuple[dict, list[float]]:
     out = tmp_path / name
-    p2p_emulator.run(protocol="dfedavgm", topology="regular:d=4", nodes=10, rounds=6, model="mlp:hidden=16",
+    p2p_emulator.run(protocol="dfedavgm", topology="regular:d=4", nodes=10, rounds=rounds, model="mlp:hidden=16",
                      quiet=True, no_plots=True, out=str(out), **settings)
     ends: dict[int, float] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
@@ -84,3 +99,23 @@ def test_a_fault_free_run_never_times_out_under_auto(tmp_path):
         assert fixed == adaptive
         for name in ("metrics.jsonl", "links.csv"):
             assert (tmp_path / f"fixed{seed}" / name).read_bytes() == (tmp_path / f"auto{seed}" / name).read_bytes()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan"])
+def test_a_bad_timeout_is_one_line_and_exit_2(tmp_path, capsys, value):
+    from p2p_emulator.cli import main
+
+    assert main(["--protocol", "dfedavgm", "--timeout", value, "--out", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (f"emulate: error: --timeout {value}: must be a positive number of seconds, "
+                                       "or auto\n")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_under_churn_a_round_costs_about_the_timer_not_the_outages(tmp_path, seed):
+    """Nodes that come back send their old rounds' models late, but those crossed the links as fast as any: the
+    wait stays at its 1 s floor, and a round of heavy churn (up 0.5 s, down 0.5 s) lasts about that, not the
+    seconds a timer fed with the outages would wait."""
+    summary, ends = _rounds(tmp_path, f"churn{seed}", rounds=15, churn="up=0.5s,down=0.5s", seed=seed)
+    assert summary["dropped_offline"] > 0
+    assert ends[-1] / len(ends) < MINIMUM + summary["timeout"]["longest_compute"] + 0.5

@@ -284,7 +284,7 @@ def test_powergossip_at_full_rank_averages_a_pair_exactly(tmp_path):
 ])
 def test_under_churn_every_method_finishes_the_same_way_twice(flags, tmp_path):
     args = ["--nodes", "10", "--topology", "regular:d=4", "--rounds", "8", "--model", "mlp:hidden=16", "--seed", "7",
-            "--churn", "up=0.4s,down=0.2s", "--loss", "0.05", "--timeout", "0.3", *flags]
+            "--churn", "up=0.4s,down=0.2s", "--loss", "0.05", "--loss-model", "datagram", "--timeout", "0.3", *flags]
     first, rows, messages = _run(tmp_path / "a", *args)
     _run(tmp_path / "b", *args)
     for name in ("metrics.jsonl", "messages.jsonl", "links.csv"):

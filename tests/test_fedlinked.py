@@ -256,8 +256,8 @@ def test_star_clients_finish_every_round_and_roll_back_under_loss(tmp_path):
     earlier = 0
     for seed in range(3):
         summary, metrics = _run(tmp_path / str(seed), *SMALL, "--protocol", "fedlinked", "--topology", "star",
-                                "--nodes", "4", "--rounds", "4", "--loss", "0.4", "--timeout", "3", "--eta", "50",
-                                "--seed", str(seed))
+                                "--nodes", "4", "--rounds", "4", "--loss", "0.4", "--loss-model", "datagram",
+                                "--timeout", "3", "--eta", "50", "--seed", str(seed))
         assert summary["dropped_loss"] > 0
         for node in (1, 2, 3):
             rows = sorted((r for r in metrics if r["node"] == node), key=lambda r: r["round"])
