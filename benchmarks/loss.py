@@ -151,13 +151,26 @@ def cell(rate: float, rtt: float, loss: float, size: int, measured: list[float],
             "real": measured, "emulated": model, "error": statistics.median(model) / statistics.median(measured) - 1}
 
 
+def under_load(result: dict) -> float:
+    """The model's error given the round trip TCP itself measured during the cell (its srtt, less one segment's
+    transmission, which the model adds), instead of the idle one: how much of the error is the delayer's hold
+    growing under load."""
+    segment = 8 * 1514 / (result["rate_mbps"] * 1e6)
+    one_way = (result["srtt_ms"] / 1000 - segment) / 2
+    model = [emulated(result["rate_mbps"] * 1e6, 2 * one_way, result["loss_pct"] / 100, int(result["size_mb"] * MB),
+                      seed) for seed in range(len(result["real"]))]
+    return statistics.median(model) / statistics.median(result["real"]) - 1
+
+
 def row(result: dict) -> str:
     return (f"| {result['rate_mbps']:g} Mbit/s | {result['rtt_ms']:g} ms | {result['loss_pct']:g}% | "
             f"{result['size_mb']:g} MB | {statistics.median(result['emulated']):.3f} | "
-            f"{statistics.median(result['real']):.3f} | {result['error']:+.1%} |")
+            f"{statistics.median(result['real']):.3f} | {result['error']:+.1%} | "
+            f"{2000 * result['one_way_s']:.1f} / {result['srtt_ms']:.1f} | {under_load(result):+.1%} |")
 
 
-HEAD = "| rate | RTT | loss | size | emulated s | real s | error |\n|---|---|---|---|---|---|---|"
+HEAD = ("| rate | RTT | loss | size | emulated s | real s | error | round trip idle / TCP's srtt, ms | "
+        "error at TCP's srtt |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main() -> int:
@@ -189,6 +202,7 @@ def main() -> int:
         for old in results:
             new = cell(old["rate_mbps"], old["rtt_ms"], old["loss_pct"], int(old["size_mb"] * MB), old["real"],
                        one_way[old["rate_mbps"], old["rtt_ms"]])
+            new["srtt_ms"] = old["srtt_ms"]
             errors.append(abs(new["error"]))
             print(row(new))
         print(f"\n|error|: median {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
@@ -207,7 +221,7 @@ def main() -> int:
                     for i, size in enumerate(sizes):
                         result = cell(rate, rtt, loss, size, times[1 + i * args.seeds:1 + (i + 1) * args.seeds],
                                       one_way)
-                        result["srtt_ms"] = statistics.median(srtt) if srtt else None
+                        result["srtt_ms"] = statistics.median(srtt)
                         print(row(result), flush=True)
                         if args.json:
                             with open(args.json, "a") as out:

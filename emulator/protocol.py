@@ -81,9 +81,7 @@ class Protocol:
             raise TypeError(f"{cls.__name__}: Protocol.checkpoints is now Protocol.checkpointable")
 
     def __init__(self, options: Any, run_info: RunInfo):
-        if getattr(options, "timeout", None) == "auto":  # --timeout auto: the nodes' own timers (emulator.timeout)
-            options = replace(options, timeout=Adaptive())
-        self.options, self.run_info = options, run_info
+        self.options, self.run_info = adaptive(options), run_info
 
     async def run(self, node: "Node") -> None:
         """What one node does for the whole run: typically `async for rnd in node.rounds(): ...`."""
@@ -111,6 +109,13 @@ class Protocol:
 
     def render(self, console, summary: dict[str, Any]) -> None:
         """Print anything worth seeing after the summary table (a rich Console), from summary.json's entries."""
+
+
+def adaptive(options: Any) -> Any:
+    """The options with --timeout auto as the waits nodes make of it (emulator.timeout.Adaptive)."""
+    if getattr(options, "timeout", None) == "auto":
+        return replace(options, timeout=Adaptive())
+    return options
 
 
 def register(name: str):

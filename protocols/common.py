@@ -93,8 +93,8 @@ class SGDOptions(TrainingOptions):
 @dataclass
 class TimeoutOptions(CheckedOptions):
     timeout: float | str = field(default="auto", metadata=option_help(
-        "emulated seconds to wait for neighbours' messages, or auto: as long as the node's earlier waits say "
-        "(TCP's retransmission timer over them, from 1 s: docs/network-model.md)"))
+        "emulated seconds to wait for neighbours' messages, or auto: TCP's retransmission timer over the times "
+        "the node's messages took in transit (at least 1 s), plus the round's compute: docs/network-model.md"))
 
     def validate(self):
         super().validate()

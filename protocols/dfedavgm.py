@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from emulator.compute import Resident
 from emulator.errors import UsageError
-from emulator.protocol import register
+from emulator.protocol import adaptive, register
 from topologies import neighbour_weight
 from p2p_emulator.workloads.training import aggregate, load_state, mix, shift
 
@@ -120,7 +120,7 @@ class DFedAvgM(LearningProtocol):
         if secure(options):
             check_neighbourhoods(run_info.graph, options)
         super().__init__(options, run_info)
-        self.secure_mixing = SecureMixing(options) if secure(options) else None
+        self.secure_mixing = SecureMixing(adaptive(options)) if secure(options) else None  # no compute allowance
 
     async def run(self, node):
         model, data = self.hold(node)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from emulator.errors import UsageError
-from emulator.protocol import register
+from emulator.protocol import adaptive, register
 from p2p_emulator.workloads.training import load_state, mix
 from p2p_emulator.workloads.work import model_work
 
@@ -34,7 +34,7 @@ class FedAvgOptions(TimeoutOptions, SGDOptions):
     weight_decay: float = default(SGDOptions, "weight_decay", 0.0)
     timeout: float | str = field(default="auto", metadata={
         "help": "emulated seconds the server waits for updates (a client waits up to twice this for the model), or "
-                "auto: as long as the node's earlier waits say (docs/network-model.md)"})
+                "auto: TCP's retransmission timer over the node's messages' times in transit (docs/network-model.md)"})
     clients_per_round: int = field(default=0, metadata={
         "help": "fedavg: clients the server samples each round, uniformly without replacement (0: all)"})
 
@@ -120,8 +120,8 @@ class FedAvg(ServerAndClients):
         super().__init__(options, run_info)
         self.secure = secure(options)
         if self.secure:
-            self.secure_server = SecureServer(options)
-            self.secure_client = SecureClient(options, self.server, self.clients)
+            self.secure_server = SecureServer(adaptive(options))  # its waits: --timeout, no compute allowance
+            self.secure_client = SecureClient(adaptive(options), self.server, self.clients)
 
     def check_clients(self, options):
         if options.clients_per_round > len(self.clients):

@@ -92,13 +92,18 @@ def test_a_profile_file_naming_a_node_the_run_lacks_is_refused(capsys, tmp_path)
 
 
 def test_a_synchronous_protocol_waits_out_its_slowest_neighbours_compute(tmp_path):
-    """A straggler's round (4 x 1 s per training sample, minutes) outlasts --timeout 60: the wait is lengthened
-    by the longest round of compute, so every node hears both ring neighbours every round."""
-    out = tmp_path / "slow"
-    assert main([*RUN, "--compute-time", "per-sample", "--compute-cost", "1s", "--compute-speed",
-                 "stragglers:fraction=0.25,slowdown=4", "--out", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [row["heard_from"] for row in rows] == [2] * 8
-    timeout = json.loads((out / "summary.json").read_text())["timeout"]
-    assert timeout["given"] == 60 and timeout["longest_compute"] > 60
-    assert timeout["waited"] == pytest.approx(timeout["given"] + timeout["longest_compute"])
+    """A straggler's round (4 x 1 s per training sample, minutes) outlasts --timeout 60 and the auto timer: the wait
+    is lengthened by the longest round of compute, so every node hears both ring neighbours every round."""
+    for given in ("60", "auto"):
+        out = tmp_path / given
+        assert main([*RUN, "--compute-time", "per-sample", "--compute-cost", "1s", "--compute-speed",
+                     "stragglers:fraction=0.25,slowdown=4", "--timeout", given, "--out", str(out)]) == 0
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [row["heard_from"] for row in rows] == [2] * 8
+        timeout = json.loads((out / "summary.json").read_text())["timeout"]
+        assert timeout["longest_compute"] > 60
+        if given == "60":
+            assert timeout["given"] == 60
+            assert timeout["waited"] == pytest.approx(timeout["given"] + timeout["longest_compute"])
+        else:
+            assert timeout["given"] == "auto" and timeout["waited"].startswith("auto + ")

@@ -45,8 +45,9 @@ def fingerprint(value, seen=None):
         return (type(value).__name__, sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items)
     if hasattr(value, "__dict__") and not callable(value):
         return (type(value).__name__, fingerprint(vars(value), seen))
-    if dataclasses.is_dataclass(value):
-        return (type(value).__name__, fingerprint(dataclasses.asdict(value), seen))
+    if dataclasses.is_dataclass(value):  # field by field: a temporary dict's id could be reused by a later object
+        return (type(value).__name__, [(f.name, fingerprint(getattr(value, f.name), seen))
+                                       for f in dataclasses.fields(value)])
     return type(value).__name__
 
 
