@@ -36,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from emulator.links import Bernoulli, Capacity, Delay, Link, LinkSpec, tcp_wire_bytes
+from emulator.ledger import LINK_COUNTERS
+from emulator.links import TCP_HEADERS, TCP_SEGMENT, Bernoulli, Capacity, Delay, Link, LinkSpec, tcp_wire_bytes
 from emulator.seeds import Seeds
 from p2p_emulator.testbed import Testbed
 
@@ -47,11 +48,10 @@ CALIBRATION_MESSAGES = 30
 HEADER = struct.Struct("!Q")
 
 
-def emulated(rate: float, rtt: float, loss: float, size: int, seed: int) -> float:
-    """The model's transfer time of a `size`-byte message after the warm-up, on a fresh link of this seed with
-    latency rtt / 2."""
-    link = Link(0, 1, LinkSpec(Delay("constant", value=rtt / 2), rate, Bernoulli(loss)), Seeds(seed),
-                Capacity(math.inf), Capacity(math.inf), [0] * 16, reliable=True)
+def emulated(rate: float, one_way: float, loss: float, size: int, seed: int) -> float:
+    """The model's transfer time of a `size`-byte message after the warm-up, on a fresh link of this seed."""
+    link = Link(0, 1, LinkSpec(Delay("constant", value=one_way), rate, Bernoulli(loss)), Seeds(seed),
+                Capacity(math.inf), Capacity(math.inf), [0] * len(LINK_COUNTERS), reliable=True)
     warm = link.transmit(0.0, tcp_wire_bytes(WARM_UP), WARM_UP)
     return link.transmit(warm, tcp_wire_bytes(size), size) - warm
 
@@ -146,7 +146,7 @@ def calibrate(bed: Testbed, rtt: float) -> float:
 
 def cell(rate: float, rtt: float, loss: float, size: int, measured: list[float], one_way: float) -> dict:
     """One cell's result: the model given the testbed's measured one-way latency, against the real times."""
-    model = [emulated(rate * 1e6, 2 * one_way, loss / 100, size, seed) for seed in range(len(measured))]
+    model = [emulated(rate * 1e6, one_way, loss / 100, size, seed) for seed in range(len(measured))]
     return {"rate_mbps": rate, "rtt_ms": rtt, "loss_pct": loss, "size_mb": size / MB, "one_way_s": one_way,
             "real": measured, "emulated": model, "error": statistics.median(model) / statistics.median(measured) - 1}
 
@@ -155,11 +155,10 @@ def under_load(result: dict) -> float:
     """The model's error given the round trip TCP itself measured during the cell (its srtt, less one segment's
     transmission, which the model adds), instead of the idle one: how much of the error is the delayer's hold
     growing under load."""
-    segment = 8 * 1514 / (result["rate_mbps"] * 1e6)
+    segment = 8 * (TCP_SEGMENT + TCP_HEADERS) / (result["rate_mbps"] * 1e6)
     one_way = (result["srtt_ms"] / 1000 - segment) / 2
-    model = [emulated(result["rate_mbps"] * 1e6, 2 * one_way, result["loss_pct"] / 100, int(result["size_mb"] * MB),
-                      seed) for seed in range(len(result["real"]))]
-    return statistics.median(model) / statistics.median(result["real"]) - 1
+    return cell(result["rate_mbps"], result["rtt_ms"], result["loss_pct"], int(result["size_mb"] * MB),
+                result["real"], one_way)["error"]
 
 
 def row(result: dict) -> str:

@@ -264,9 +264,11 @@ def _timeout(protocol) -> dict:
     compute = getattr(protocol, "compute_wait", 0.0)
     if not compute:
         return {}
-    given, waited = protocol.given_timeout, protocol.options.timeout
-    return {"timeout": {"given": given if isinstance(given, float) else str(given), "longest_compute": compute,
-                        "waited": waited if isinstance(waited, float) else str(waited)}}
+    def seconds(wait) -> float | str:  # a fixed wait, or --timeout auto's as text ("auto + 0.03 s")
+        return wait if isinstance(wait, float) else str(wait)
+
+    return {"timeout": {"given": seconds(protocol.given_timeout), "longest_compute": compute,
+                        "waited": seconds(protocol.options.timeout)}}
 
 
 def _summary(config: cfg.RunConfig, scenario: dynamics.Scenario, emulation: Emulation, rows: list[dict],
