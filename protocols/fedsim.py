@@ -3,8 +3,9 @@ a personal part that stays on the client; as the MAPL paper runs it, the shared 
 classifier head and the personal part the backbone, so every client may have its own architecture.
 
 On the star of protocols/personalised.py, round r:
-  client k: load the averaged head phi (from round r-1; round 0: its own), then train backbone and
-            head together (FedSim: "simultaneous") by local SGD on its n_k samples; send (phi_k, n_k);
+  client k: load the averaged head phi (from round r-1; round 0: the server's phi_0, the same on every
+            client), then train backbone and head together (FedSim: "simultaneous") by local SGD on
+            its n_k samples; send (phi_k, n_k);
   server:   phi <- sum_k n_k phi_k / sum_k n_k over the heads heard before --timeout, sent back;
   client k: loads phi and scores backbone_k with phi on its own test split.
 The head is ReLU, then Linear(d_z, K) without bias (K x d_z floats, the MAPL paper's phi), so
@@ -18,6 +19,11 @@ sharing a common architecture for the prediction head." Table 7 counts 2 M phi T
 
 Compared with the authors' code (facebookresearch/FL_partial_personalization, pfl/optim/fedsim.py and
 pfl_base.py), update rule by update rule:
+- start: the same, one server head phi_0 that every client starts from (theirs broadcasts the server
+  model; here every client builds it, the first client's initial head, so round 0 has no message from
+  the server). Heads of their own would average after round 0 to about 1/sqrt(M) of their norm and
+  shorten SGD's steps on every backbone as much: 12 points lost on digits (docs/mapl.md, "The
+  baselines on tiny local sets");
 - local step: the same (all parameters by one client optimiser, cross-entropy; their optional l2
   penalty on the personal part is 0 by default, as here);
 - server step: theirs applies the weighted mean delta with a server optimiser (SGD, --server-lr 1 and
@@ -60,7 +66,13 @@ class FedSim(PersonalisedStar):
     checkpointable = True
     state_copies = 1.0
 
+    def __init__(self, options, run_info):
+        super().__init__(options, run_info)
+        self.start = {HEAD: head(self.initial_model(0))}  # phi_0; read-only, as self.checks
+
     async def local_round(self, node, model, data, shared):
+        if node.round == 0:
+            await node.compute(load_head, model, self.start, work=0)
         loss = await self.train(node, model, data)  # the averaged head is in place since the last round
         return loss, {HEAD: await node.compute(head, model, work=0), "samples": len(data.train_y)}
 

@@ -55,15 +55,21 @@ def test_the_head_is_the_mean_weighted_by_samples_exactly():
     assert torch.equal(weighted_mean([(1, {"w": a}), (3, {"w": b})])["w"], 0.25 * a + 0.75 * b)
 
 
-def test_fedsim_learns_on_personal_backbones(tmp_path):
-    """Disjoint classes per cluster (scenario 1): each client scores its own backbone with the head averaged
-    over both clusters; chance is 0.2 on a client's five classes. (Against Local: docs/mapl.md.)"""
-    for seed in (0, 1):
-        out = tmp_path / str(seed)
-        assert main(["--protocol", "fedsim", "--topology", "star", "--nodes", "9", "--dataset", "digits",
-                     "--d-z", "64", "--rounds", "6", "--seed", str(seed), "--quiet", "--no-plots",
-                     "--out", str(out)]) == 0
-        assert json.loads((out / "summary.json").read_text())["final"]["test_acc"] >= 0.6, seed
+def test_fedsim_keeps_up_with_local_training_from_one_server_head(tmp_path):
+    """Disjoint classes per cluster (scenario 1), 8 clients of 4 architectures: each client scores its own backbone
+    with the head averaged over both clusters, and does about as well as training alone (Local, the same parts
+    and backbones). Every client starts from the server's one head: heads of their own averaged to a head of a
+    third of their norm, and FedSim fell 7-12 points below Local here."""
+    common = ["--dataset", "digits", "--model", "hetero-small", "--partition", "mapl:scenario=1", "--d-z", "64",
+              "--rounds", "10", "--quiet", "--no-plots"]
+    for seed in (0, 2):
+        acc = {}
+        for protocol, topology, nodes in (("fedsim", "star", "9"), ("local", "mesh", "8")):
+            out = tmp_path / f"{protocol}{seed}"
+            assert main(["--protocol", protocol, "--topology", topology, "--nodes", nodes, *common,
+                         "--seed", str(seed), "--out", str(out)]) == 0
+            acc[protocol] = json.loads((out / "summary.json").read_text())["final"]["test_acc"]
+        assert acc["fedsim"] >= acc["local"] - 0.05, (seed, acc)
 
 
 def test_the_batched_executor_trains_the_clients_of_one_architecture_together(tmp_path):
