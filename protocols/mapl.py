@@ -61,6 +61,7 @@ torch = LazyModule("torch")
 pml = LazyModule("p2p_emulator.workloads.prototypes")
 augment = LazyModule("p2p_emulator.workloads.augment")
 LOSS_FORMS = ("code", "paper")  # pml.LOSSES's keys: checking --loss-forms must not load torch
+PML_TERMS = ("cont", "proto", "uni")  # pml.TERMS, for the same reason
 
 KIND, DROP = "mapl", "drop"
 DEGREE_EPS = 1e-6  # the code's epsilon in log(deg_i + eps)
@@ -84,6 +85,8 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
         "MAPL: smallest crop area of the augmentation, as a fraction of the image (code: 0.2)"))
     tau: float = field(default=100.0, metadata=option_help("MAPL: temperature of the contrastive losses"))
     loss_forms: str = field(default="code", metadata=option_help("MAPL losses: code (authors' code) or paper"))
+    pml_losses: str = field(default="cont,proto,uni", metadata=option_help(
+        "MAPL: PML's losses beside the cross-entropy, a comma list of cont, proto and uni, or none (to ablate them)"))
     t_thr: int = field(default=-1, metadata=option_help("MAPL: first round of graph learning (-1: rounds // 4)"))
     mu1: float = field(default=0.5, metadata=option_help("MAPL: weight of the similarity term of l_g"))
     mu2: float = field(default=0.1, metadata=option_help("MAPL: weight of the graph regulariser"))
@@ -117,6 +120,9 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
         if min(self.tau, self.graph_lr) <= 0:
             raise UsageError("--tau and --graph-lr must be positive")
         check("graph-steps", self.graph_steps, self.graph_steps >= 1, "must be at least 1")
+        terms = self.pml_terms()
+        check("pml-losses", self.pml_losses, set(terms) <= set(PML_TERMS) and len(set(terms)) == len(terms),
+              f"a comma list of {', '.join(PML_TERMS)} without repeats, or none")
         if self.t_thr < -1 or min(self.mu1, self.mu2, self.beta) < 0:
             raise UsageError("--t-thr must be -1 or a round, --mu1/--mu2/--beta not negative")
         if not 0 < self.crop_scale <= 1:
@@ -131,6 +137,9 @@ class MapLOptions(TimeoutOptions, TrainingOptions):
                              "--normalize standard")
         if min(self.d_p, self.projection_hidden) < 1:
             raise UsageError("--d-p and --projection-hidden must be at least 1")
+
+    def pml_terms(self) -> tuple[str, ...]:
+        return () if self.pml_losses == "none" else tuple(self.pml_losses.split(","))
 
 
 # ---------------------------------------------------------------- CGL
@@ -301,7 +310,8 @@ class MAPL(LearningProtocol):
             loss, prototypes = await node.compute(
                 pml.personalised_learning, model, state.prototypes, data.train_x, data.train_y, views, self.stats,
                 epochs=o.local_epochs, batch_size=o.batch_size, lr=o.lr, beta1=o.adam_beta1,
-                weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, generator=node.torch_generator,
+                weight_decay=o.weight_decay, tau=o.tau, forms=o.loss_forms, terms=o.pml_terms(),
+                generator=node.torch_generator,
                 work=data.work.training(o.local_epochs * len(data.train_y), o.batch_size) * self.training_passes)
             learn_graph = not o.mapl_no_cgl and r >= self.t_thr
             while (notice := await node.recv(timeout=0, kind=DROP, valid=like(None))) is not None:

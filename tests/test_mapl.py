@@ -209,6 +209,26 @@ def test_the_code_losses_stay_finite_when_the_prototypes_grow():
     orthonormal, _ = torch.linalg.qr(torch.randn(16, K, generator=generator))
     xi = (120 * orthonormal.T).requires_grad_(True)  # apart as l_uni wants them: every other product 0
     p, y = torch.randn(8, 16, generator=generator), torch.arange(8) % 4  # two views of each sample
-    loss = code_losses(p, y, xi, tau=100.0)
+    loss = sum(code_losses(p, y, xi, tau=100.0))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(xi.grad).all()
+
+
+@pytest.mark.parametrize("terms, moves", [((), False), (("cont",), False), (("proto",), True), (("uni",), True)])
+def test_pml_losses_choose_what_trains_beside_the_cross_entropy(terms, moves):
+    """--pml-losses: the prototypes move only under a loss that reads them (l_proto, l_uni), and the
+    cross-entropy alone (none) leaves them as they came."""
+    from p2p_emulator.workloads.models import build_model
+    from p2p_emulator.workloads.prototypes import initial_prototypes, personalised_learning
+    generator = torch.Generator().manual_seed(0)
+    model = build_model("mlp:hidden=16", (16,), K, d_z=8, d_p=4, hidden=8)
+    x, y = torch.randn(12, 16, generator=generator), torch.arange(12) % K
+    xi = initial_prototypes(K, 4, generator)
+    _, trained = personalised_learning(model, xi, x, y, None, None, epochs=1, batch_size=6, lr=0.01, beta1=0.5,
+                                       weight_decay=0.0, tau=100.0, forms="code", generator=generator, terms=terms)
+    assert (not torch.equal(trained, xi)) == moves
+
+
+@pytest.mark.parametrize("value", ["cont,cont", "ce", ""])
+def test_bad_pml_losses_are_refused_in_one_line(capsys, tmp_path, value):
+    assert_refused(capsys, ["--protocol", "mapl", "--pml-losses", value, "--quiet"], "--pml-losses", tmp_path / "r")

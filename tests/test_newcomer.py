@@ -64,10 +64,10 @@ def test_workload_settings_are_refused_before_torch_or_the_dataset_loads(tmp_pat
 def test_mapl_checks_its_flags_without_loading_torch(tmp_path):
     code, err, torch_loaded = _refuse(["--protocol", "mapl", "--loss-forms", "mine"], tmp_path)
     assert (code, err, torch_loaded) == (2, "emulate: error: --loss-forms 'mine': choose code or paper\n", False)
-    from protocols.mapl import LOSS_FORMS
-    from p2p_emulator.workloads.prototypes import LOSSES
+    from protocols.mapl import LOSS_FORMS, PML_TERMS
+    from p2p_emulator.workloads.prototypes import LOSSES, TERMS
 
-    assert LOSS_FORMS == tuple(LOSSES)  # the flag's choices are the losses that exist
+    assert LOSS_FORMS == tuple(LOSSES) and PML_TERMS == TERMS  # the flags' choices are the losses that exist
 
 
 def test_a_bad_topology_file_leaves_one_line_and_no_warning(tmp_path):

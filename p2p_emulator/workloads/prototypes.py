@@ -17,10 +17,11 @@ if TYPE_CHECKING:  # augment imports torchvision, which token and feature data n
     from .augment import TwoViews
 
 ADAM_BETA2 = 0.999  # paper and code
+TERMS = ("cont", "proto", "uni")  # the losses beside the cross-entropy, in the order the forms return them
 
 
-def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
-    """l_cont + l_proto + l_uni as the authors' code computes them."""
+def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> tuple[torch.Tensor, ...]:
+    """(l_cont, l_proto, l_uni) as the authors' code computes them."""
     p_hat = F.normalize(p, dim=1)
     eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
     same = y[:, None] == y[None, :]
@@ -33,11 +34,11 @@ def code_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) 
     # and inf * 0 is NaN (l_proto grows the norms; digits, seed 0, round 303 of 400)
     self_pairs = torch.eye(len(xi), dtype=torch.bool, device=xi.device)
     uni = torch.exp((xi @ xi.T / tau).masked_fill(self_pairs, -math.inf)).sum(1).mean()
-    return cont + proto + uni
+    return cont, proto, uni
 
 
-def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> torch.Tensor:
-    """l_cont + l_proto + l_uni as the paper writes them (cosine forms), averaged over the 2B views."""
+def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float) -> tuple[torch.Tensor, ...]:
+    """(l_cont, l_proto, l_uni) as the paper writes them (cosine forms), averaged over the 2B views."""
     p_hat, xi_hat = F.normalize(p, dim=1), F.normalize(xi, dim=1)
     eye = torch.eye(len(y), dtype=torch.bool, device=y.device)
     positives = (y[:, None] == y[None, :]) & ~eye
@@ -47,7 +48,7 @@ def paper_losses(p: torch.Tensor, y: torch.Tensor, xi: torch.Tensor, tau: float)
     proto = F.cross_entropy(p_hat @ xi_hat.T / tau, y)
     cosines = xi_hat @ xi_hat.T
     uni = cosines.masked_fill(torch.eye(len(xi), dtype=torch.bool, device=xi.device), 0).sum() / len(xi)
-    return cont + proto + uni
+    return cont, proto, uni
 
 
 LOSSES = {"code": code_losses, "paper": paper_losses}
@@ -75,11 +76,12 @@ def two_views(x: torch.Tensor, views: TwoViews | None,
 def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: torch.Tensor, views: TwoViews | None,
                           stats: tuple[torch.Tensor, torch.Tensor] | None, *, epochs: int, batch_size: int, lr: float,
                           beta1: float, weight_decay: float, tau: float, forms: str,
-                          generator: torch.Generator) -> tuple[float, torch.Tensor]:
+                          generator: torch.Generator, terms: tuple[str, ...] = TERMS) -> tuple[float, torch.Tensor]:
     """PML (Algorithm 1): returns the mean loss and the trained prototypes; trains `model` in place.
 
     x is standardised images (on the model's device), or token ids or features with views and
-    stats None (see two_views). The optimizer is fresh every call, as in the authors' code.
+    stats None (see two_views). The optimizer is fresh every call, as in the authors' code. `terms`: the
+    losses of TERMS added to the cross-entropy (all three in MAPL; fewer to ablate them).
     Prototypes come and go on the CPU, where messages live.
     """
     xi = prototypes.to(x.device, copy=True).requires_grad_(True)
@@ -92,7 +94,9 @@ def personalised_learning(model, prototypes: torch.Tensor, x: torch.Tensor, y: t
             both = two_views(x[idx], views, stats)
             labels = y[idx].repeat(2)
             z = model.features(both)
-            loss = F.cross_entropy(model.classifier(z), labels) + LOSSES[forms](model.project(z), labels, xi, tau)
+            parts = LOSSES[forms](model.project(z), labels, xi, tau)
+            loss = F.cross_entropy(model.classifier(z), labels) + sum(
+                part for name, part in zip(TERMS, parts) if name in terms)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
