@@ -120,8 +120,9 @@ class FedAvg(ServerAndClients):
         super().__init__(options, run_info)
         self.secure = secure(options)
         if self.secure:
-            self.secure_server = SecureServer(adaptive(options))  # its waits: --timeout, no compute allowance
-            self.secure_client = SecureClient(adaptive(options), self.server, self.clients)
+            waits = adaptive(options)  # --timeout as the phases wait it, with no compute allowance
+            self.secure_server = SecureServer(waits)
+            self.secure_client = SecureClient(waits, self.server, self.clients)
 
     def check_clients(self, options):
         if options.clients_per_round > len(self.clients):
