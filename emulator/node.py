@@ -143,9 +143,10 @@ class Node:
             self._network.broadcast(self.id, peers, kind, self._round, body)
 
     async def recv(self, timeout: float | Adaptive | None = None, kind: str | None = None,
-                   valid: Callable[[Any], bool] | None = None) -> Message | None:
+                   valid: Callable[[Any], bool] | None = None, past_horizon: bool = False) -> Message | None:
         """The next arrived message (of `kind`, if given); None after `timeout` emulated seconds (at --duration at
-        the latest; Adaptive: as long as the node's timer says, emulator.timeout).
+        the latest, unless `past_horizon`: the answer to an exchange begun before it; Adaptive: as long as the
+        node's timer says, emulator.timeout).
 
         With `valid`, a message whose body it rejects (or raises on) is dropped as invalid, unseen.
         """
@@ -157,7 +158,7 @@ class Node:
                 if isinstance(timeout, Adaptive):
                     self._timer.observe(message.t_arrive - message.t_send)
                 return message
-            if not await self._wait(deadline):
+            if not await self._wait(deadline, past_horizon=past_horizon):
                 return None
 
     def _take(self, kind: str | None, valid: Callable[[Any], bool] | None) -> Message | None:
@@ -239,11 +240,12 @@ class Node:
             self._network.refuse(message, "invalid")
         return accepted
 
-    async def _wait(self, deadline: float | None, wakes: Callable[[Message], bool] | None = None) -> bool:
+    async def _wait(self, deadline: float | None, wakes: Callable[[Message], bool] | None = None,
+                    past_horizon: bool = False) -> bool:
         """Wait for the next arrival (one `wakes` accepts, if given); False once the deadline has passed."""
         clock = self._clock
         horizon = self._context.duration
-        if horizon and deadline is not None and deadline > horizon:
+        if horizon and not past_horizon and deadline is not None and deadline > horizon:
             deadline = max(horizon, clock.now)  # past --duration, no one waits for what has not come
         if deadline is not None and clock.now >= deadline:
             return False

@@ -50,6 +50,7 @@ class RunInfo:
     console: Any = None
     state_in_process: bool = True  # nodes' models live in this process (False: on a cluster's workers)
     duration: float = 0.0  # --duration (0: none)
+    time_varying: bool = False  # a --topology-schedule changes the graph during the run
     # charge(node, work): the emulated seconds node's job of that Work is charged (None under measured time)
     charge: Callable[[int, Any], float] | None = None
 

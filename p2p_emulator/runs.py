@@ -126,7 +126,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             compute = cfg.compute_model(config, config.nodes, Seeds(config.seed))
             run_info = RunInfo(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
                                state_in_process=config.executor != "ray", duration=config.duration,
-                               charge=None if compute.kind == "measured" else compute.charge)
+                               time_varying=schedule is not None, charge=None if compute.kind == "measured" else compute.charge)
             protocol = protocol_cls(options, run_info)
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None

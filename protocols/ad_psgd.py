@@ -31,7 +31,14 @@ Who starts exchanges (--exchange auto picks the first that applies):
 An initiator spends at most --timeout emulated seconds on one exchange (waiting for
 answers, backing off): a lost message, an offline or crashed neighbour, or "busy" until
 then, and it applies g without averaging; an answer that comes after its request was
-given up carries an old sequence number and is ignored. The summary names the
+given up carries an old sequence number and is ignored.
+The horizon: no request leaves at or after --duration; a request sent before it is answered
+(and its answer waited for) even past it; a node answers with an average until --duration,
+also once --rounds has ended its own steps, and "busy" from then on. Then each node that asks
+tells the nodes it asks "closed", and a node that answers keeps answering until every node
+that asks it has said so (at most --timeout; links are FIFO, so every request has come by
+then). So every exchange is completed on both sides or on neither: averaging alone keeps the
+sum of the models to the end (tests/test_async_horizon.py). The summary names the
 scheme ("exchange") and sums each node's counts, which RUN_DIR/exchanges.jsonl holds
 ("exchanges": requests sent, averaged, busy answers heard, timed_out, answered, and
 refused: requests answered "busy").
@@ -45,8 +52,11 @@ Departures from the paper (Algorithm 1 and its per-worker form):
   - Staleness here counts the updates of the node's own model between reading x̂ and
     applying g, not the paper's global iteration count.
   - The exchange may fail: --timeout and the sequence numbers are not in the paper,
-    which assumes a reliable network. If j answered and the answer was lost, j has
-    averaged and i has not, so that exchange does not preserve the sum of the models.
+    which assumes a reliable network. If j answered and the answer was lost (or came after
+    i's --timeout), j has averaged and i has not, so that exchange does not preserve the sum
+    of the models.
+  - BatchNorm's running statistics are averaged with the parameters (every floating-point
+    entry of the state); the reference averages module.parameters() only.
   - try-lock is this emulator's scheme for non-bipartite graphs; the paper (and the
     reference code) run only the bipartite split.
   - The initiator's neighbour is drawn uniformly from its current neighbours (the
@@ -114,6 +124,7 @@ class Exchanges:
     """What a node's loop and its answering task share: whether it waits for an answer (try-lock), its
     request numbers, and counts of its model updates and of how its exchanges went."""
     waiting: bool = False
+    closed: bool = False  # at --duration: it averages with no one any more
     seq: int = 0
     updates: int = 0  # averages applied to x_i so far (answered or own): staleness is a difference of these
     requested: int = 0
@@ -189,6 +200,7 @@ class ADPSGD(LearningProtocol):
                 else:
                     await node.compute(momentum_step, model, buffers, grads, o.lr, o.momentum, work=0)
                 node.log(staleness=ex.updates - seen, train_loss=loss)
+            await self.close(node, ex)
         finally:  # a crashed node's counts too
             node.record("exchanges", requested=ex.requested, averaged=ex.averaged, busy=ex.busy,
                         timed_out=ex.timed_out, answered=ex.answered, refused=ex.refused)
@@ -200,13 +212,30 @@ class ADPSGD(LearningProtocol):
             return node.neighbours
         return [j for j in node.neighbours if self.colour.get(j) == PASSIVE]
 
+    async def close(self, node, ex: Exchanges) -> None:
+        """The horizon rule, so that every exchange is completed on both sides or on neither: a node that has run
+        its steps (--rounds) answers until --duration, and from then on answers "busy". Then it tells the nodes
+        it asks that it is closed, and keeps answering until each node that asks it has said so (links are FIFO:
+        every request it sent has come), at most --timeout."""
+        await node.sleep(max(0.0, self.run_info.duration - node.now()))
+        ex.closed = True
+        if self.asks(node.id):
+            node.broadcast("closed", to=self.partners(node))
+        if not self.answers(node.id):
+            return
+        askers = {j for j in node.neighbours if self.asks(j)}
+        deadline = node.now() + self.options.timeout
+        while askers and (message := await node.recv(timeout=max(0.0, deadline - node.now()), kind="closed",
+                                                      valid=lambda body: body is None, past_horizon=True)):
+            askers.discard(message.src)
+
     async def exchange(self, node, model, ex: Exchanges, reply_check) -> None:
         """Step 3 on the initiator's side: ask one random neighbour and average with its answer. After "busy",
         back off a random time and ask again (a new draw) while the --timeout since the first request allows;
-        at the timeout, give up."""
+        at the timeout, give up. No request leaves at or after --duration."""
         deadline = node.now() + self.options.timeout
         attempt = 0
-        while partners := self.partners(node):
+        while node.now() < self.run_info.duration and (partners := self.partners(node)):
             sent = node.now()
             outcome = await self.ask(node, model, ex, node.rng.choice(partners), deadline, reply_check)
             if outcome != "busy":
@@ -214,7 +243,7 @@ class ADPSGD(LearningProtocol):
             attempt += 1  # binary exponential back-off, in units of the round trip the busy answer took
             unit = max(node.now() - sent, self.options.timeout / 1000)  # (a floor: links may take no time)
             backoff = node.rng.uniform(0.0, 2.0 ** attempt * unit)
-            if node.now() + backoff >= deadline:
+            if node.now() + backoff >= min(deadline, self.run_info.duration):  # no request could leave then
                 return
             await node.sleep(backoff)
 
@@ -226,7 +255,7 @@ class ADPSGD(LearningProtocol):
             ex.requested += 1
             node.send(peer, "request", {"seq": ex.seq, STATE: await self.state(node, model)})
             while (msg := await node.recv(timeout=max(0.0, deadline - node.now()), kind="reply",
-                                          valid=reply_check)) is not None:
+                                          valid=reply_check, past_horizon=True)) is not None:
                 if msg.src != peer or msg.body["seq"] != ex.seq:
                     continue  # the late answer to a request already given up
                 if STATE not in msg.body:
@@ -247,7 +276,7 @@ class ADPSGD(LearningProtocol):
             requester, seq = message.src, message.body["seq"]
             if requester not in node.neighbours:
                 return  # not a neighbour (any more) under a topology schedule: no link to answer on
-            if ex.waiting:  # try-lock: mid-exchange of its own
+            if ex.waiting or ex.closed:  # try-lock: mid-exchange of its own; or past --duration
                 ex.refused += 1
                 node.send(requester, "reply", {"seq": seq})
                 return
