@@ -30,8 +30,10 @@ independent): every z_i tends to the exact mean of the x_i(0). Step 1 still runs
 logged, its gradient dropped), so a step takes a training step's time in any compute model.
 
 Sum of x and sum of w over the nodes and the shares in flight are conserved while no message
-is lost. A lost share (--loss, a receiver offline under --churn, a share still in flight at
-the horizon) takes its mass with it: z stays a weighted average of the mass left, but the
+is lost, to the end: after its last step a node sends "closed" to its out-neighbours and mixes
+what arrives until each in-neighbour has said the same (at most --timeout; links are FIFO, so
+every share sent to it has come; on a --topology-schedule, those of its own last step). A lost
+share (--loss, a receiver offline under --churn) takes its mass with it: z stays a weighted average of the mass left, but the
 mean it tends to moves; and since step 2 moves z_i by lr/w_i * g, the steps grow as w drains.
 Under steady loss the sum of w falls geometrically (--loss 0.1 on a ring: about 7% a step),
 so training degrades and in the end diverges (a drained node's z becomes infinite, its shares
@@ -101,6 +103,7 @@ torch = LazyModule("torch")
 
 WEIGHT = "w"  # the push-sum weight's share a message carries
 KIND = "share"
+CLOSED = "closed"  # a node's last message to its out-neighbours: every share it sent has come before it
 
 
 @dataclass
@@ -148,6 +151,8 @@ class Carried:
     pushed_w: float = 0.0  # and of the weights
     taken: Resident | None = None  # --robust: per sender, the running sum last taken in
     taken_w: dict = field(default_factory=dict)
+    pace: dict = field(default_factory=dict)  # per sender: [its last share's send time, the longest gap between
+    # two of its shares, the longest time one took to arrive]: how long its "closed" may take
 
 
 def positive(value) -> bool:
@@ -217,7 +222,28 @@ class SGP(LearningProtocol):
             await self.mix(node, carried, kept, shares)  # 4
             node.log(train_loss=loss, mixed=len(shares), ps_weight=carried.w,
                      **({"staleness": max(self.age(carried, m) for m in shares)} if shares else {}))
+        await self.close(node, carried, valid)
         await self.log_final_scores(node, model, data)
+
+    async def close(self, node, carried: Carried, valid) -> None:
+        """The horizon rule: no share is lost to a node that has stopped. A node that has run its last step tells
+        its out-neighbours so (links are FIFO: its shares come first), then mixes every share that arrives until
+        each in-neighbour it has heard from has said so: at most the longest gap between two of their shares and
+        twice the longest transit it has seen (a "closed" may be lost), and --timeout."""
+        node.broadcast(CLOSED)
+        senders = set(node.in_neighbours)
+        shares, carried.early = carried.early, []
+        senders &= carried.pace.keys()  # (one never heard from has sent nothing that came yet: not waited for)
+        bound = max((carried.pace[j][1] + 2 * carried.pace[j][2] for j in senders), default=0.0)
+        deadline = node.now() + min(self.options.timeout, bound)
+        while senders and (message := await node.recv(timeout=max(0.0, deadline - node.now()),
+                                                      valid=lambda body: body is None or valid(body),
+                                                      past_horizon=True)):
+            if message.kind == CLOSED:
+                senders.discard(message.src)
+            elif message.body is not None:
+                shares.append(message)
+        await self.mix(node, carried, carried.w, shares)
 
     async def share(self, node, carried: Carried, kept: float) -> dict:
         """What a node pushes to each out-neighbour: (z_i, its share of w_i); --robust: the running sums."""
@@ -272,6 +298,10 @@ class SGP(LearningProtocol):
         """z_i <- (kept z_i + sum w_j' z_j) / w_i', w_i' = kept + sum w_j': x_i <- x_i/(d+1) + sum x_j'."""
         total = kept + self.mass(carried, shares)
         carried.w = total
+        for message in shares:
+            last, gap, transit = carried.pace.get(message.src, (message.t_send, 0.0, 0.0))
+            carried.pace[message.src] = [message.t_send, max(gap, message.t_send - last),
+                                         max(transit, message.t_arrive - message.t_send)]
         if not total:  # w underflowed to 0 and nothing arrived: no mass, nothing to mix
             return
         if not self.options.robust:

@@ -12,6 +12,7 @@ from p2p_emulator.settings import RunConfig
 from p2p_emulator.workloads.task import Workload, WorkloadOptions
 from p2p_emulator.workloads.training import float_state
 from protocols.ad_psgd import ADPSGD, ADPSGDOptions
+from protocols.sgp import SGP, SGPOptions
 
 N, MODEL = 8, "mlp:hidden=8"
 # float32 models: each average rounds once, so the sum drifts by about 1e-7 of its size an exchange; one
@@ -59,3 +60,29 @@ def test_ad_psgd_conserves_the_sum_of_the_models_to_the_end(tmp_path, topology, 
         assert exchanges["averaged"] == exchanges["answered"], exchanges  # each completed on both sides
         assert _drift(AveragingADPSGD.final, seed, tmp_path) < DRIFT, (seed, exchanges)
         assert result.summary["emulated_seconds"] < config.duration + 0.1  # no one waits out a --timeout (1 s)
+
+
+class AveragingSGP(SGP):
+    """SGP --average-only that keeps each node's final (w_i, z_i), after its closing mix."""
+    final: dict = {}
+
+    async def close(self, node, carried, valid):
+        await super().close(node, carried, valid)
+        self.final[node.id] = (carried.w, await self.state(node, carried.model))
+
+
+@pytest.mark.parametrize("topology", ["ring", "regular:d=4"])
+@pytest.mark.parametrize("rounds", [None, 6])
+def test_sgp_conserves_the_mass_to_the_end(tmp_path, topology, rounds):
+    """Sum of w_i is n to 1e-9, and sum of w_i z_i the sum of the initial models: no share is lost at the horizon,
+    also where a node's shares reach a neighbour that has run out of --rounds."""
+    for seed in (0, 1, 2):
+        AveragingSGP.final = {}
+        config = RunConfig(protocol="sgp", topology=topology, nodes=N, duration=0.1, rounds=rounds,
+                           compute_speed="uniform:low=1,high=3", seed=seed, quiet=True, no_plots=True)
+        execute(config, SGPOptions(average_only=True, init="independent", model=MODEL), AveragingSGP,
+                tmp_path / f"{seed}")
+        weights = [w for w, _ in AveragingSGP.final.values()]
+        assert sorted(AveragingSGP.final) == list(range(N)) and abs(sum(weights) - N) < 1e-9, weights
+        numerators = {i: {k: v.double() * w for k, v in z.items()} for i, (w, z) in AveragingSGP.final.items()}
+        assert _drift(numerators, seed, tmp_path) < DRIFT

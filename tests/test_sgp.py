@@ -121,7 +121,7 @@ def test_async_nodes_wait_only_when_their_mass_runs_short_and_stragglers_take_a_
     a fifth of its time at most; the others never wait."""
     result = stragglers["async"]
     idle = result.summary["node_time"]["idle_fraction"]
-    assert max(idle) < 0.25 and idle.count(0.0) >= 8
+    assert max(idle) < 0.25 and sum(f < 0.02 for f in idle) >= 8, idle  # (the closing handshake waits a little)
     last = _last_rows(result.metrics)
     steps = sorted(row["round"] + 1 for row in last.values())
     slow, fast = steps[:4], steps[4:]
@@ -167,7 +167,8 @@ STEP = 0.032  # a step's compute: --batch-size 32 at the default 1 ms per sample
 def test_lost_shares_drain_the_mass_and_the_run_ends_near_the_horizon(tmp_path, faults, dropped, late, lossless_w):
     result = run(**SMALL, **faults, out=str(tmp_path / "run"))
     assert result.summary[dropped] > 0
-    assert SMALL["duration"] <= result.summary["emulated_seconds"] <= SMALL["duration"] + late
+    closing = 0.3  # a node waits for its in-neighbours' "closed" (lost ones too) about a step and a round trip
+    assert SMALL["duration"] <= result.summary["emulated_seconds"] <= SMALL["duration"] + late + closing
     last = _last_rows(result.metrics)
     assert sorted(last) == list(range(8))
     # each lost share took its part of w (a --sync node's last step, cut at the horizon, waits for nothing: not that)
@@ -181,7 +182,7 @@ def test_under_heavy_loss_drained_nodes_diverge_unless_they_wait_for_mass(tmp_pa
     and the run goes on. By default a node waits for w >= 0.25 instead, until the horizon: it stops, finite."""
     result = run(**{**SMALL, "duration": 4.0}, loss="0.9", loss_model="datagram", min_weight=min_weight,
                  out=str(tmp_path / "run"))
-    assert result.summary["emulated_seconds"] <= 4.0 + STEP
+    assert result.summary["emulated_seconds"] <= 4.0 + STEP + 0.5  # and the closing wait: 9 in 10 shares lost, long gaps
     last = _last_rows(result.metrics)
     if min_weight:
         assert all(math.isfinite(row["train_loss"]) for row in result.metrics)
