@@ -165,9 +165,11 @@ class Network:
         self._static = self._adopt(graph)
 
     def at(self, rnd: int) -> RoundGraph:
-        """The topology of round `rnd`."""
+        """The topology of round `rnd` (of a schedule in time: the topology of now)."""
         if self.schedule is None:
             return self._static
+        if self.schedule.in_time:
+            rnd = self.schedule.index(self.clock.now)
         key = self.schedule.key(rnd)
         current = self._rounds.get(key)
         if current is None:

@@ -128,6 +128,9 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                                state_in_process=config.executor != "ray", duration=config.duration,
                                time_varying=schedule is not None, charge=None if compute.kind == "measured" else compute.charge)
             protocol = protocol_cls(options, run_info)
+            if schedule is not None and schedule.in_time and not protocol.asynchronous:
+                raise UsageError(f"--topology-schedule {config.topology_schedule}: a schedule in emulated seconds "
+                                 f"is for time-driven protocols; {config.protocol} runs in rounds (use every=K)")
             executor = resources.enter_context(make_executor(config))  # after the cheap checks: Ray starts slowly
             plan = None
             if config.checkpoint_every:

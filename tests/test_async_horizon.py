@@ -1,12 +1,15 @@
 """The horizon rule of the time-driven protocols: an exchange is completed on both sides or on neither, so that
 averaging alone conserves the network's sum of models to the end of the run (--duration, with or without
 --rounds), on several seeds and graphs."""
+import json
+
 import networkx as nx
 import pytest
 import torch
 
 from emulator.protocol import RunInfo
 from emulator.seeds import Seeds
+from p2p_emulator import run
 from p2p_emulator.runs import execute
 from p2p_emulator.settings import RunConfig
 from p2p_emulator.workloads.task import Workload, WorkloadOptions
@@ -86,3 +89,16 @@ def test_sgp_conserves_the_mass_to_the_end(tmp_path, topology, rounds):
         assert sorted(AveragingSGP.final) == list(range(N)) and abs(sum(weights) - N) < 1e-9, weights
         numerators = {i: {k: v.double() * w for k, v in z.items()} for i, (w, z) in AveragingSGP.final.items()}
         assert _drift(numerators, seed, tmp_path) < DRIFT
+
+
+@pytest.mark.parametrize("topology", ["ring", "regular:d=4"])
+@pytest.mark.parametrize("rounds", [None, 3])
+def test_randomized_gossip_conserves_the_sum_to_the_end(tmp_path, topology, rounds):
+    """x_i's sum stays n(n-1)/2 to 1e-9: a node answers until the horizon, then busy, and waits for its last
+    request's answer."""
+    for seed in (0, 1, 2):
+        result = run(protocol="randomized-gossip", topology=topology, nodes=N, duration=4.0, wake_rate=4.0,
+                     rounds=rounds, seed=seed, quiet=True, no_plots=True, out=str(tmp_path / f"{seed}"))
+        rows = [json.loads(line) for line in (result.out_dir / "randomized_gossip.jsonl").read_text().splitlines()]
+        assert sum(row["exchanges"] for row in rows) >= 2 * N
+        assert abs(sum(row["x"] for row in rows) - N * (N - 1) / 2) < 1e-9

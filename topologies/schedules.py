@@ -2,11 +2,13 @@
 
 A schedule maps a round r to a graph: `graph(r)`; `key(r)` names the distinct
 graph of round r (rounds with the same key have the same graph), so that a
-caller can build each graph once.
+caller can build each graph once. A schedule `in_time` (resample:every=5s) is
+keyed by emulated time instead: `index(t)` is the r whose graph holds at t.
 """
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 
 import networkx as nx
@@ -52,10 +54,11 @@ def resample(spec: str, n: int | None, seed: int, round_index: int, every: int) 
 
 
 class Resampled:
-    """A fresh draw of a random topology every `every` rounds."""
+    """A fresh draw of a random topology every `every` rounds, or with `seconds`, every that many emulated
+    seconds (the draw of [k S, (k + 1) S) is that of index k)."""
     directed = False
 
-    def __init__(self, spec: str, n: int, seed: int, every: int):
+    def __init__(self, spec: str, n: int, seed: int, every: int, seconds: float = 0.0):
         name, _ = parse(spec)
         function = TOPOLOGIES.get(name)
         if function is None or "seed" not in inspect.signature(function).parameters:
@@ -64,7 +67,12 @@ class Resampled:
         if every < 1:
             raise TopologyError(f"resample: every must be >= 1, got {every}")
         self.spec, self.num_nodes, self.seed, self.every = spec, n, seed, every
+        self.in_time, self.seconds = seconds > 0, seconds
         self.first = resample(spec, n, seed, 0, every)  # a bad spec fails now, not mid-run
+
+    def index(self, t: float) -> int:
+        """The index of the draw that holds at emulated instant t (in_time)."""
+        return math.floor(t / self.seconds)
 
     def key(self, rnd: int) -> int:
         return rnd // self.every
@@ -80,6 +88,7 @@ class Resampled:
 class OnePeerExponential:
     """The directed one-peer exponential graph of each round (period floor(log2 n))."""
     directed = True
+    in_time = False
 
     def __init__(self, n: int):
         one_peer_exponential(n, 0)  # checks n
@@ -94,6 +103,7 @@ class OnePeerExponential:
 
 class FromFile:
     """Graphs read from a schedule file, one per round; the list repeats when the run is longer."""
+    in_time = False
 
     def __init__(self, path: str):
         self.path = path
@@ -108,7 +118,7 @@ class FromFile:
         return graph if graph is not None else files.empty_round(self.path, key, self.num_nodes, self.directed)
 
 
-SCHEDULES = ("resample:every=K", "one-peer-exponential", "FILE")
+SCHEDULES = ("resample:every=K", "resample:every=Ss", "one-peer-exponential", "FILE")
 
 
 def schedule(spec: str, topology: str, n: int, seed: int):
@@ -120,17 +130,25 @@ def schedule(spec: str, topology: str, n: int, seed: int):
     if files.looks_like_path(spec):
         return FromFile(spec)
     if name.lower() == "resample":
-        return Resampled(topology, n, seed, _rounds_per_draw(rest, spec))
+        every = _every(rest, spec)
+        if isinstance(every, float):
+            return Resampled(topology, n, seed, 1, seconds=every)
+        return Resampled(topology, n, seed, every)
     raise TopologyError(f"unknown schedule {spec!r}; use one of {', '.join(SCHEDULES)}")
 
 
-def _rounds_per_draw(options: str, spec: str) -> int:
-    """The K of resample:every=K, read from `options`, the text after the colon."""
-    usage = f"resample: expected resample:every=K with K a whole number of rounds, got {spec!r}"
+def _every(options: str, spec: str) -> int | float:
+    """The K of resample:every=K (whole rounds, an int), or the S of every=Ss (emulated seconds with a unit, a
+    positive float), read from `options`, the text after the colon."""
+    usage = (f"resample: expected resample:every=K with K a whole number of rounds, or every=S with a unit "
+             f"(every=5s: emulated seconds), got {spec!r}")
     try:
         every = units.read_spec(options, named=False).keywords(("every",), usage=usage)["every"]
-    except units.SpecError:
+        if every.isdigit():
+            return int(every)
+        seconds = units.duration(every)
+    except (units.SpecError, units.UnitError):
         raise TopologyError(usage) from None
-    if not every.isdigit():
+    if every[-1:].isdigit() or seconds <= 0:
         raise TopologyError(usage)
-    return int(every)
+    return seconds
