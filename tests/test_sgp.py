@@ -197,6 +197,8 @@ def test_under_heavy_loss_drained_nodes_diverge_unless_they_wait_for_mass(tmp_pa
     (["--timeout", "0"], "--timeout"),
     (["--lr", "-1"], "--lr"),
     (["--batch-size", "0"], "--batch-size"),
+    (["--min-weight", "1"], "--min-weight"),
+    (["--robust", "--topology", "regular:d=2", "--topology-schedule", "resample:every=2"], "--robust"),
 ])
 def test_bad_options_are_refused_in_one_line(capsys, tmp_path, argv, named):
     assert_refused(capsys, ["--protocol", "sgp", "--nodes", "4", "--duration", "1", *argv], named, tmp_path / "r")
