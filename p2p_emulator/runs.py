@@ -126,7 +126,8 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
             compute = cfg.compute_model(config, config.nodes, Seeds(config.seed))
             run_info = RunInfo(config.nodes, config.rounds, Seeds(config.seed), graph, config.device, out_dir, console,
                                state_in_process=config.executor != "ray", duration=config.duration,
-                               time_varying=schedule is not None, charge=None if compute.kind == "measured" else compute.charge)
+                               time_varying=schedule is not None,
+                               charge=None if compute.kind == "measured" else compute.charge)
             protocol = protocol_cls(options, run_info)
             if schedule is not None and schedule.in_time and not protocol.asynchronous:
                 raise UsageError(f"--topology-schedule {config.topology_schedule}: a schedule in emulated seconds "

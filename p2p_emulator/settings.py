@@ -153,7 +153,8 @@ HELP = {
     "partition_event": "partition: t=100s:groups=0-4|5-9[:heal=200s]; several separated by ';'. Until the "
                        "heal, messages between groups drop (link_down); unlisted nodes form one more group",
     "topology_schedule": "time-varying graph: resample:every=K (a new draw of the random --topology every K "
-                         "rounds; every=5s: every 5 emulated seconds, for time-driven protocols), one-peer-exponential (directed: in round t node i sends to i+2^(t mod "
+                         "rounds; every=5s: every 5 emulated seconds, for time-driven protocols), "
+                         "one-peer-exponential (directed: in round t node i sends to i+2^(t mod "
                          "log2 n)), or a CSV file round,src,dst (undirected) or round,sender,receiver "
                          "(directed), repeating; a node's graph follows its own round",
     "device": "cpu or cuda (cuda: one GPU worker)",

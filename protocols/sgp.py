@@ -29,24 +29,26 @@ under --sync the waits keep the nodes' step counters in step.
 independent): every z_i tends to the exact mean of the x_i(0). Step 1 still runs (its loss
 logged, its gradient dropped), so a step takes a training step's time in any compute model.
 
-Sum of x and sum of w over the nodes and the shares in flight are conserved while no message
-is lost, to the end: after its last step a node sends "closed" to its out-neighbours and mixes
+Sum of x and sum of w over the nodes and the shares in flight are conserved while no message is
+lost, to the end: after its last step a node sends "closed" to its out-neighbours and mixes
 what arrives until each in-neighbour has said the same (at most --timeout; links are FIFO, so
 every share sent to it has come; on a --topology-schedule, those of its own last step). A lost
-share (--loss, a receiver offline under --churn) takes its mass with it: z stays a weighted average of the mass left, but the
-mean it tends to moves; and since step 2 moves z_i by lr/w_i * g, the steps grow as w drains.
-Under steady loss the sum of w falls geometrically (--loss 0.1 on a ring: about 7% a step),
-so training degrades and in the end diverges (a drained node's z becomes infinite, its shares
-are refused as invalid; the run goes on). With --min-weight a drained node waits for mass
-instead (at most --timeout a step), so training stalls rather than diverges.
+share (--loss, a receiver offline under --churn) takes its mass with it: z stays a weighted
+average of the mass left, but the mean it tends to moves; and since step 2 moves z_i by
+lr/w_i g, the steps grow as w drains. Under steady loss the sum of w falls geometrically (--loss 0.1
+on a ring: about 7% a step), so training degrades and in the end diverges (a drained node's z
+becomes infinite, its shares are refused as invalid; the run goes on). With --min-weight a
+drained node waits for mass instead (at most --timeout a step), so training stalls rather than
+diverges.
+
 --robust (Hadjicostis, Vaidya and Dominguez-Garcia, IEEE TAC 2016; Spiridonoff et al., JMLR
 2020): node i keeps the running sums S_i = sum of all the (x, w) shares it has pushed, and
-pushes S_i itself (in float64); node j keeps, for each in-neighbour i, the last S_i it took
-in, T_ji, and adds S_i - T_ji on mixing, then T_ji <- S_i. A lost share's mass is in the next
-S_i that arrives, and a node that was offline gets all it missed at once: sum of x and w over
-the nodes and the sums not yet taken in is conserved under loss and churn (not under a crash:
-a crashed node's mass is gone). A share then costs twice the bytes, and every out-neighbour
-must get the same S_i, so --robust needs a static graph.
+pushes S_i itself (in float64); node j keeps, for each in-neighbour i, the last S_i it took in,
+T_ji, and adds S_i - T_ji on mixing, then T_ji <- S_i. A lost share's mass is in the next S_i
+that arrives, and a node that was offline gets all it missed at once: sum of x and w over the
+nodes and the sums not yet taken in is conserved under loss and churn (not under a crash: a
+crashed node's mass is gone). A share then costs twice the bytes, and every out-neighbour must
+get the same S_i, so --robust needs a static graph.
 
 Each step's row: train_loss; mixed (shares mixed); ps_weight (w_i after mixing); staleness,
 when a share was mixed: the age of the oldest share mixed, counted in the node's own steps
