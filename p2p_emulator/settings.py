@@ -156,7 +156,8 @@ HELP = {
                          "rounds; every=5s: every 5 emulated seconds, for time-driven protocols), "
                          "one-peer-exponential (directed: in round t node i sends to i+2^(t mod "
                          "log2 n)), or a CSV file round,src,dst (undirected) or round,sender,receiver "
-                         "(directed), repeating; a node's graph follows its own round",
+                         "(directed), repeating (t,src,dst: from each instant t in emulated seconds); a node's "
+                         "graph follows its own round (of a schedule in time: the instant)",
     "device": "cpu or cuda (cuda: one GPU worker)",
     "workers": "thread executor: threads (0: one per CPU core, or $EMULATE_CORES; a parallel sweep sets it)",
     "executor": "where nodes' compute jobs run: thread (this process), batched (this process; nodes of one "

@@ -24,6 +24,7 @@ class Looking(Protocol):
 
 
 def test_each_step_sees_the_graph_drawn_for_its_instant(tmp_path):
+    Looking.seen = []
     config = RunConfig(protocol="looking", topology="regular:d=4", nodes=N, duration=3.0, seed=SEED,
                        topology_schedule=f"resample:every={EVERY}s", quiet=True, no_plots=True)
     result = execute(config, NoOptions(), Looking, tmp_path / "run")
@@ -44,3 +45,27 @@ def test_each_step_sees_the_graph_drawn_for_its_instant(tmp_path):
 ])
 def test_a_schedule_in_time_is_refused_where_it_has_no_meaning(capsys, tmp_path, argv, named):
     assert_refused(capsys, [*argv, "--nodes", "8"], named, tmp_path / "r")
+
+
+def test_a_schedule_file_of_instants_holds_each_graph_until_the_next(tmp_path):
+    """t,src,dst: a ring of 4 from t = 0, its chords from t = 1 s, the ring again from t = 2 s to the end."""
+    path = tmp_path / "schedule.csv"
+    ring, chords = [(0, 1), (1, 2), (2, 3), (0, 3)], [(0, 2), (1, 3)]
+    rows = [(t, u, v) for t, edges in ((0, ring), (1, chords), (2, ring)) for u, v in edges]
+    path.write_text("t,src,dst\n" + "".join(f"{t},{u},{v}\n" for t, u, v in rows))
+    Looking.seen = []
+    config = RunConfig(protocol="looking", nodes=4, duration=3.0, topology_schedule=str(path), quiet=True,
+                       no_plots=True)
+    execute(config, NoOptions(), Looking, tmp_path / "run")
+    graph = {0: ring, 1: chords, 2: ring}
+    for t, i, neighbours in Looking.seen:
+        edges = graph[min(int(t), 2)]
+        assert neighbours == sorted({v for u, v in edges if u == i} | {u for u, v in edges if v == i}), (t, i)
+    assert {int(t) for t, _, _ in Looking.seen} == {0, 1, 2}
+
+
+def test_a_schedule_file_of_instants_must_start_at_zero(capsys, tmp_path):
+    path = tmp_path / "late.csv"
+    path.write_text("t,src,dst\n0.5,0,1\n0.5,1,2\n")
+    assert_refused(capsys, ["--protocol", "randomized-gossip", "--duration", "1", "--topology-schedule", str(path)],
+                   "t = 0", tmp_path / "r")

@@ -9,6 +9,7 @@ declares directed edges gives an `nx.DiGraph`.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from pathlib import Path
 from xml.etree.ElementTree import ParseError
@@ -125,6 +126,15 @@ def _renumber(graph: nx.Graph) -> nx.Graph:
     return out
 
 
+def _as_instant(label: str) -> float | None:
+    """A schedule file's t: finite seconds, or None."""
+    try:
+        value = float(label)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _as_int(label) -> int | None:
     try:
         return int(label)
@@ -132,33 +142,37 @@ def _as_int(label) -> int | None:
         return None
 
 
-SCHEDULE_HEADERS = {("round", "src", "dst"): False, ("round", "sender", "receiver"): True}
+SCHEDULE_HEADERS = {("round", "src", "dst"): False, ("round", "sender", "receiver"): True,
+                    ("t", "src", "dst"): False, ("t", "sender", "receiver"): True}
 
 
-def read_schedule(path: str) -> tuple[dict[int, nx.Graph], int, int, bool]:
-    """A topology schedule file: CSV, one edge per row, rounds 0, 1, ... in any order.
+def read_schedule(path: str) -> tuple[dict, int, int, bool]:
+    """A topology schedule file: CSV, one edge per row, rounds 0, 1, ... in any order, or instants.
 
-    Header `round,src,dst`: undirected edges; `round,sender,receiver`: directed ones.
-    Returns (graph of each round that has rows, period = max(round) + 1,
-    n = max(node) + 1, directed); a round without rows has no edges. Lines may
-    carry `#` comments.
+    Header `round,src,dst`: undirected edges; `round,sender,receiver`: directed ones; `t,...`
+    instead of `round,...`: the graph from each instant t (emulated seconds) to the next, the
+    first at t = 0. Returns (the graph of each round or instant that has rows, the period
+    max(round) + 1 (0 for instants), n = max(node) + 1, directed); a round without rows has no
+    edges. Lines may carry `#` comments.
     """
     lines = numbered_lines(path, "schedule file")
     header = tuple(field.strip().lower() for field in lines[0][1].split(",")) if lines else ()
     if header not in SCHEDULE_HEADERS:
         raise TopologyError(f"{path}: expected a header 'round,src,dst' (undirected) or "
-                            f"'round,sender,receiver' (directed)")
-    directed = SCHEDULE_HEADERS[header]
-    edges = [_schedule_row(path, number, line) for number, line in lines[1:]]
+                            f"'round,sender,receiver' (directed), or 't,...' for instants in emulated seconds")
+    directed, timed = SCHEDULE_HEADERS[header], header[0] == "t"
+    edges = [_schedule_row(path, number, line, timed) for number, line in lines[1:]]
     if not edges:
         raise TopologyError(f"{path}: no edges found")
     n = 1 + max(max(u, v) for _, u, v in edges)
-    graphs: dict[int, nx.Graph] = {}
-    for rnd, u, v in edges:
-        if rnd not in graphs:
-            graphs[rnd] = empty_round(path, rnd, n, directed)
-        graphs[rnd].add_edge(u, v)
-    return graphs, 1 + max(graphs), n, directed
+    graphs: dict = {}
+    for key, u, v in edges:
+        if key not in graphs:
+            graphs[key] = empty_round(path, key, n, directed)
+        graphs[key].add_edge(u, v)
+    if timed and 0.0 not in graphs:
+        raise TopologyError(f"{path}: the first instant must be t = 0 (the graph the run starts on)")
+    return graphs, 0 if timed else 1 + max(graphs), n, directed
 
 
 def empty_round(path: str, rnd: int, n: int, directed: bool) -> nx.Graph:
@@ -169,11 +183,14 @@ def empty_round(path: str, rnd: int, n: int, directed: bool) -> nx.Graph:
     return graph
 
 
-def _schedule_row(path: str, number: int, line: str) -> tuple[int, int, int]:
+def _schedule_row(path: str, number: int, line: str, timed: bool = False) -> tuple:
     fields = [field.strip() for field in line.split(",")]
-    values = [_as_int(field) for field in fields]
+    values = [_as_instant(fields[0]) if timed and fields else None, *map(_as_int, fields[1:])] if timed else \
+        [_as_int(field) for field in fields]
     if len(fields) != 3 or None in values or min(values) < 0:
-        raise TopologyError(f"{path}:{number}: expected 'round,node,node' with whole numbers >= 0, got {line!r}")
+        first = "t" if timed else "round"
+        raise TopologyError(f"{path}:{number}: expected '{first},node,node' with nodes whole numbers >= 0"
+                            f"{' and t seconds >= 0' if timed else ' and rounds too'}, got {line!r}")
     rnd, u, v = values
     if u == v:
         raise TopologyError(f"{path}:{number}: self-loop at node {u}")

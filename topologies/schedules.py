@@ -7,6 +7,7 @@ keyed by emulated time instead: `index(t)` is the r whose graph holds at t.
 """
 from __future__ import annotations
 
+import bisect
 import inspect
 import math
 import warnings
@@ -102,17 +103,25 @@ class OnePeerExponential:
 
 
 class FromFile:
-    """Graphs read from a schedule file, one per round; the list repeats when the run is longer."""
-    in_time = False
+    """Graphs read from a schedule file, one per round, the list repeating when the run is longer; or one per
+    instant (a `t` column), each holding until the next, the last to the end of the run."""
 
     def __init__(self, path: str):
         self.path = path
         self.graphs, self.period, self.num_nodes, self.directed = files.read_schedule(path)
+        self.in_time = self.period == 0
+        self.instants = sorted(self.graphs)
+
+    def index(self, t: float) -> int:
+        """The index of the instant whose graph holds at t (in_time)."""
+        return bisect.bisect_right(self.instants, t) - 1
 
     def key(self, rnd: int) -> int:
-        return rnd % self.period
+        return rnd if self.in_time else rnd % self.period
 
     def graph(self, rnd: int) -> nx.Graph:
+        if self.in_time:
+            return self.graphs[self.instants[rnd]]
         key = self.key(rnd)
         graph = self.graphs.get(key)
         return graph if graph is not None else files.empty_round(self.path, key, self.num_nodes, self.directed)
