@@ -122,7 +122,8 @@ class SGPOptions(WorkloadOptions, CheckedOptions):
     min_weight: float = field(default=0.25, metadata={"help": (
         "sgp: the push-sum weight a node must hold after mixing before its next step: below it, the node waits "
         "for shares (at most --timeout, never past --duration), so its gradient step, lr/w, stays at most "
-        "lr/min-weight when its steps outpace its links (0: never wait, AGP as published)")})
+        "lr/min-weight when its steps outpace its links (0: never wait, AGP as published; --sync waits for each "
+        "step's shares instead)")})
     robust: bool = field(default=False, metadata={"help": (
         "sgp: robust push-sum (Hadjicostis, Vaidya and Dominguez-Garcia 2016): a share carries the running sum of "
         "all its sender has pushed (float64, twice the bytes), so the mass of a share lost (--loss, an offline "
