@@ -234,9 +234,8 @@ class SGP(LearningProtocol):
         each in-neighbour it has heard from has said so: at most the longest gap between two of their shares and
         twice the longest transit it has seen (a "closed" may be lost), and --timeout."""
         node.broadcast(CLOSED)
-        senders = set(node.in_neighbours)
         shares, carried.early = carried.early, []
-        senders &= carried.pace.keys()  # (one never heard from has sent nothing that came yet: not waited for)
+        senders = set(node.in_neighbours) & carried.pace.keys()  # one never heard from is not waited for
         bound = max((carried.pace[j][1] + 2 * carried.pace[j][2] for j in senders), default=0.0)
         deadline = node.now() + min(self.options.timeout, bound)
         while senders and (message := await node.recv(timeout=max(0.0, deadline - node.now()),
