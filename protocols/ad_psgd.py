@@ -92,7 +92,8 @@ from emulator.errors import UsageError
 from emulator.protocol import register
 from p2p_emulator.workloads.training import descend, mix
 
-from .common import STATE, LearningProtocol, TimeoutOptions, TrainingOptions, check, expects, like, option_help
+from .common import (STATE, LearningProtocol, TimeoutOptions, TrainingOptions, check, closing_handshake, expects,
+                     like, option_help)
 
 SCHEMES = ("auto", "bipartite", "try-lock")
 ACTIVE, PASSIVE = 0, 1  # colours of the bipartite split
@@ -219,15 +220,9 @@ class ADPSGD(LearningProtocol):
         every request it sent has come), at most --timeout."""
         await node.sleep(max(0.0, self.run_info.duration - node.now()))
         ex.closed = True
-        if self.asks(node.id):
-            node.broadcast("closed", to=self.partners(node))
-        if not self.answers(node.id):
-            return
-        askers = {j for j in node.neighbours if self.asks(j)}
-        deadline = node.now() + self.options.timeout
-        while askers and (message := await node.recv(timeout=max(0.0, deadline - node.now()), kind="closed",
-                                                      valid=lambda body: body is None, past_horizon=True)):
-            askers.discard(message.src)
+        askers = {j for j in node.neighbours if self.asks(j)} if self.answers(node.id) else set()
+        asked = self.partners(node) if self.asks(node.id) else []
+        await closing_handshake(node, asked, askers, self.options.timeout)
 
     async def exchange(self, node, model, ex: Exchanges, reply_check) -> None:
         """Step 3 on the initiator's side: ask one random neighbour and average with its answer. After "busy",

@@ -239,6 +239,30 @@ def _of_type(kind: type) -> Check:
     return lambda v: isinstance(v, kind)
 
 
+CLOSED = "closed"  # a time-driven node's last message to a peer: all it sent that peer came before it
+
+
+async def closing_handshake(node, to: list[int], senders: set[int], timeout: float,
+                            valid: Check | None = None) -> list:
+    """The horizon handshake of a time-driven protocol: tell `to` that this node has stopped, then wait (past
+    --duration if need be, at most `timeout`) until each of `senders` has said the same. Links are FIFO, so by
+    then all they sent has come. With `valid`, the other messages that arrive meanwhile (bodies it accepts)
+    are returned; without, they stay queued."""
+    node.broadcast(CLOSED, to=to)
+    arrived = []
+    deadline = node.now() + timeout
+    while senders and (message := await node.recv(timeout=max(0.0, deadline - node.now()),
+                                                  kind=None if valid else CLOSED,
+                                                  valid=lambda body: body is None or (valid is not None
+                                                                                      and valid(body)),
+                                                  past_horizon=True)):
+        if message.kind == CLOSED:
+            senders.discard(message.src)
+        elif message.body is not None:
+            arrived.append(message)
+    return arrived
+
+
 def positive_int(value) -> bool:
     """A count such as a sender's number of samples."""
     return type(value) is int and value > 0

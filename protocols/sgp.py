@@ -99,13 +99,13 @@ from p2p_emulator.workloads.lazy import LazyModule
 from p2p_emulator.workloads.task import WorkloadOptions
 from p2p_emulator.workloads.training import float_state, mix
 
-from .common import STATE, CheckedOptions, LearningProtocol, TrainingOptions, check, default, expects, like
+from .common import (STATE, CheckedOptions, LearningProtocol, TrainingOptions, check, closing_handshake, default,
+                     expects, like)
 
 torch = LazyModule("torch")
 
 WEIGHT = "w"  # the push-sum weight's share a message carries
 KIND = "share"
-CLOSED = "closed"  # a node's last message to its out-neighbours: every share it sent has come before it
 
 
 @dataclass
@@ -233,18 +233,11 @@ class SGP(LearningProtocol):
         its out-neighbours so (links are FIFO: its shares come first), then mixes every share that arrives until
         each in-neighbour it has heard from has said so: at most the longest gap between two of their shares and
         twice the longest transit it has seen (a "closed" may be lost), and --timeout."""
-        node.broadcast(CLOSED)
         shares, carried.early = carried.early, []
         senders = set(node.in_neighbours) & carried.pace.keys()  # one never heard from is not waited for
         bound = max((carried.pace[j][1] + 2 * carried.pace[j][2] for j in senders), default=0.0)
-        deadline = node.now() + min(self.options.timeout, bound)
-        while senders and (message := await node.recv(timeout=max(0.0, deadline - node.now()),
-                                                      valid=lambda body: body is None or valid(body),
-                                                      past_horizon=True)):
-            if message.kind == CLOSED:
-                senders.discard(message.src)
-            elif message.body is not None:
-                shares.append(message)
+        shares += await closing_handshake(node, node.neighbours, senders, min(self.options.timeout, bound),
+                                          valid)
         await self.mix(node, carried, carried.w, shares)
 
     async def share(self, node, carried: Carried, kept: float) -> dict:
