@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.util
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -99,11 +100,15 @@ def _default_root() -> Path:
 
 
 def _load_digits(root: str | None, download: bool) -> Dataset:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
-    labels = digits.target.astype(np.int64)
+    # The gzipped CSV that sklearn.datasets.load_digits reads, read without importing scikit-learn: its
+    # import (scipy.stats) takes longer than a small run's whole emulation.
+    sklearn = importlib.util.find_spec("sklearn")
+    if sklearn is None or sklearn.origin is None:
+        raise DatasetError("--dataset digits reads scikit-learn's bundled copy: pip install scikit-learn")
+    with gzip.open(Path(sklearn.origin).parent / "datasets" / "data" / "digits.csv.gz", "rt") as csv:
+        table = np.loadtxt(csv, delimiter=",")
+    images = np.round(table[:, :-1].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)
+    labels = table[:, -1].astype(np.int64)
     test = stratified_holdout(labels, fraction=0.2, seed=0)
     return make_dataset("digits", images[~test], labels[~test], images[test], labels[test], 10)
 

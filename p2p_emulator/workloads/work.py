@@ -128,6 +128,10 @@ def _counter_type():
         """Counts the ops dispatched (views, convolutions, other kernels), the elements kernels write, and
         their FLOPs by FlopCounterMode's formulas."""
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # never compiled: torch would otherwise import torch._dynamo (a second) to wrap the hook
+
         def __init__(self):
             super().__init__()
             self.counts = dict.fromkeys(("kernels", "convolutions", "views", "elements", "recurrent_steps",
