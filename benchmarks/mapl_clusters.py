@@ -15,6 +15,9 @@ the last round (worst node / mean: a node that dropped them all scores weight 1 
 share 0), and the last round's mean similarity c_ij within and across the clusters
 (across: "-" once every node has dropped the other cluster). `norms` is the
 default rule, `centred` the one before it, `raw` the paper's and the authors' code's.
+Last, per rule, the runs that end with every node weighing exactly its own cluster (its
+whole cluster, nothing else): the check of tests/test_mapl_clusters.py at every seed and
+horizon, 120 rounds included (the suite runs three of these cells, cut two rounds past T_thr).
 
 Runs go to DIR/<dataset>-r<R>-s<S>-<rule> (default: a fresh temporary directory); with
 --out, a directory that already holds a finished run is reused, not rerun.
@@ -61,6 +64,12 @@ def kept(row: dict, clusters: dict[int, int]) -> float:
     return sum(w > 0 for w in own) / len(own)
 
 
+def exact(row: dict, clusters: dict[int, int]) -> bool:
+    """Node i puts weight on each neighbour of its own cluster and on no other (graph.jsonl row)."""
+    i = int(row["node"])
+    return all((w > 0) == (clusters[int(j)] == clusters[i]) for j, w in row["weights"].items())
+
+
 def run_once(out: Path, flags: list[str]) -> Run:
     """`emulate FLAGS` into `out`, quiet and without plots, unless `out` holds a finished run of these settings."""
     if not is_current(out, config_hash(*cli.resolve(flags, protocols()))):
@@ -79,6 +88,7 @@ def measure(out: Path, flags: list[str]) -> dict:
     mass = run.summary["within_cluster_weight"].values()
     links = [kept(r, run.clusters) for r in last]
     return {"worst": min(mass), "mean": statistics.fmean(mass), "kept": (min(links), statistics.fmean(links)),
+            "exact": all(exact(r, run.clusters) for r in last),
             **{side: values[0] if values else None for side, (_, values) in similarity.items()}}
 
 
@@ -135,6 +145,12 @@ def main() -> None:
         futures = {cell: pool.submit(measure, out / "{}-r{}-s{}-{}".format(*cell), argv(*cell)) for cell in todo}
         results = {cell: future.result() for cell, future in futures.items()}
     show(*table(results, args), out)
+    for rule in args.rules:
+        done = [cell for cell in results if cell[3] == rule]
+        whole = sum(results[cell]["exact"] for cell in done)
+        colour = "green" if whole == len(done) else "red"
+        Console().print(f"{rule}: [{colour}]{whole} of {len(done)} runs[/] end with every node weighing its whole "
+                        "cluster and nothing else")
 
 
 if __name__ == "__main__":
