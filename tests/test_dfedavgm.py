@@ -26,13 +26,17 @@ def _run(tmp_path, name, *args):
     return json.loads((out / "summary.json").read_text()), metrics, out
 
 
+ROUNDS = 10  # seeds 0-2: accuracy 0.96-0.97 (q8 the same to 0.002), consensus distance down to 0.20 of round 0's
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dfedavgm")
+    rounds = ["--protocol", "dfedavgm", "--rounds", str(ROUNDS)]
     return {
-        "none": _run(tmp, "none", "--protocol", "dfedavgm", "--rounds", "20", "--trace"),
-        "q8": _run(tmp, "q8", "--protocol", "dfedavgm", "--rounds", "20", "--compress", "q8"),
-        "independent": _run(tmp, "independent", "--protocol", "dfedavgm", "--rounds", "20", "--init", "independent"),
+        "none": _run(tmp, "none", *rounds, "--trace"),
+        "q8": _run(tmp, "q8", *rounds, "--compress", "q8"),
+        "independent": _run(tmp, "independent", *rounds, "--init", "independent"),
     }
 
 
@@ -42,13 +46,13 @@ def test_dfedavgm_learns_digits_on_a_ring(runs):
 
 
 def _consensus(metrics):
-    return [sum(r["consensus_distance"] for r in metrics if r["round"] == t) / 8 for t in range(20)]
+    return [sum(r["consensus_distance"] for r in metrics if r["round"] == t) / 8 for t in range(ROUNDS)]
 
 
 def test_consensus_distance_falls_from_independent_starts(runs):
     by_round = _consensus(runs["independent"][1])
     assert by_round[-1] < 0.5 * by_round[0]
-    assert sum(b < a for a, b in zip(by_round, by_round[1:])) >= 15
+    assert sum(b < a for a, b in zip(by_round, by_round[1:])) >= 0.8 * (ROUNDS - 1)
 
 
 def test_a_common_start_keeps_the_nodes_closer_every_round(runs):
@@ -61,7 +65,7 @@ def test_every_message_is_exactly_the_encoded_model(runs):
     model = build_model("cnn-small", (1, 8, 8), 10)
     expected = len(wire.encode(["model", 0, {"state": float_state(model), "degree": 2}]))
     messages = [json.loads(line) for line in (out / "messages.jsonl").read_text().splitlines()]
-    assert len(messages) == 8 * 2 * 20
+    assert len(messages) == 8 * 2 * ROUNDS
     assert {m["bytes"] for m in messages} == {expected}
     parameters = sum(v.numel() for v in float_state(model).values())
     assert 4 * parameters < expected < 4 * parameters * 1.01  # float32 payload plus framing
