@@ -46,6 +46,17 @@ def test_digits():
     assert torch.equal(load_dataset("digits").test_x, d.test_x)
 
 
+@pytest.mark.parametrize("layout", ["its file", "its loader"])
+def test_digits_are_scikit_learns_whether_read_from_its_file_or_by_its_loader(monkeypatch, layout):
+    """The file read without importing scikit-learn, or load_digits where that file is not found."""
+    from sklearn.datasets import load_digits
+
+    if layout == "its loader":
+        monkeypatch.setattr(Path, "is_file", lambda self: False)
+    digits = load_digits()
+    assert np.array_equal(datasets._digits_table(), np.column_stack([digits.data, digits.target]))
+
+
 def test_normalise():
     d = load_dataset("digits")
     x = normalise(d.train_x, d)

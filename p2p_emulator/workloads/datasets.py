@@ -100,17 +100,25 @@ def _default_root() -> Path:
 
 
 def _load_digits(root: str | None, download: bool) -> Dataset:
-    # The gzipped CSV that sklearn.datasets.load_digits reads, read without importing scikit-learn: its
-    # import (scipy.stats) takes longer than a small run's whole emulation.
-    sklearn = importlib.util.find_spec("sklearn")
-    if sklearn is None or sklearn.origin is None:
-        raise DatasetError("--dataset digits reads scikit-learn's bundled copy: pip install scikit-learn")
-    with gzip.open(Path(sklearn.origin).parent / "datasets" / "data" / "digits.csv.gz", "rt") as csv:
-        table = np.loadtxt(csv, delimiter=",")
+    table = _digits_table()
     images = np.round(table[:, :-1].reshape(-1, 1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)
     labels = table[:, -1].astype(np.int64)
     test = stratified_holdout(labels, fraction=0.2, seed=0)
     return make_dataset("digits", images[~test], labels[~test], images[test], labels[test], 10)
+
+
+def _digits_table() -> np.ndarray:
+    """The digits as scikit-learn ships them: a row per image, 64 values 0..16, then the label."""
+    # load_digits reads this gzipped CSV; reading it here skips importing scikit-learn, whose import
+    # (scipy.stats) takes longer than a small run's whole emulation.
+    csv = Path(importlib.util.find_spec("sklearn").origin).parent / "datasets" / "data" / "digits.csv.gz"
+    if not csv.is_file():  # another scikit-learn layout: its own loader
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return np.column_stack([digits.data, digits.target])
+    with gzip.open(csv, "rt") as lines:
+        return np.loadtxt(lines, delimiter=",")
 
 
 # ---------------------------------------------------------------- IDX (fashion-mnist)
