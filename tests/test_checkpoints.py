@@ -4,9 +4,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +19,13 @@ from emulator.protocol import protocols
 from emulator.seeds import Seeds
 from protocols.dfedavgm import DFedAvgM
 from tests.conftest import assert_one_line_error, assert_refused
+from tests.forked import Forked
 
 STREAMED = ("metrics.jsonl", "links.csv", "messages.jsonl")
 QUIET = dict(trace=True, quiet=True, no_plots=True)
+# Small data and models: a checkpoint holds the same kinds of state for 5 samples as for 300.
+FEW_MAPL = "mapl:scenario=1,samples=5,test=2"  # 5 training and 2 test samples per class and node
+SMALL_CNN = dict(model="cnn-small:channels=4,8", d_z=16)
 RUNS = {
     "dfedavgm": dict(protocol="dfedavgm", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=32", seed=1),
     "dfedavgm-batched": dict(protocol="dfedavgm", topology="ring", nodes=7, rounds=5, model="mlp:hidden=32", seed=20,
@@ -42,16 +43,21 @@ RUNS = {
                                model="mlp:hidden=16", seed=11, link_failures="up=0.3s,down=0.2s",
                                partition_event="t=0.5s:groups=0-3|4-7:heal=1.2s", availability="AVAILABILITY"),
     "l2c": dict(protocol="l2c", topology="regular:d=4", nodes=8, rounds=6, model="mlp:hidden=16", seed=12,
-                prune="0.5", prune_round=2),
-    "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13),
-    "fedmn": dict(protocol="fedmn", topology="star", nodes=6, rounds=6, seed=14, pretrain_rounds=2),
-    "fedmn-p2p": dict(protocol="fedmn-p2p", topology="ring", nodes=6, rounds=5, seed=15, pretrain_rounds=1),
+                prune="0.5", prune_round=2, local_epochs=1),
+    "meta-l2c": dict(protocol="meta-l2c", topology="regular:d=4", nodes=8, rounds=5, model="mlp:hidden=16", seed=13,
+                     local_epochs=1),
+    # fedmn: a small cnn-small, whose batch norms' running statistics the checkpoint must carry too
+    "fedmn": dict(protocol="fedmn", topology="star", nodes=6, rounds=6, seed=14, pretrain_rounds=2,
+                  **SMALL_CNN, partition="mixture:components=2,samples=40"),
+    "fedmn-p2p": dict(protocol="fedmn-p2p", topology="ring", nodes=6, rounds=5, seed=15, pretrain_rounds=1,
+                      **SMALL_CNN, partition="mixture:components=2,samples=40"),
     "fedmn-frozen-mlp": dict(protocol="fedmn", topology="star", nodes=6, rounds=5, seed=23, router="frozen",
                              model="mlp:hidden=32", modules="1,3,2"),
     "fedlinked": dict(protocol="fedlinked", topology="star", nodes=5, rounds=5, seed=16, model="cnn-small:channels=8,16",
-                      d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
+                      d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1, partition="fedlinked:samples=40"),
     "fedlinked-p2p": dict(protocol="fedlinked-p2p", topology="ring", nodes=4, rounds=5, seed=17,
-                          model="cnn-small:channels=8,16", d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1),
+                          model="cnn-small:channels=8,16", d_z=16, init_epochs=3, local_epochs=1, dist_epochs=1,
+                          partition="fedlinked:samples=40"),
     "dfedavgm-schedule-adversaries": dict(protocol="dfedavgm", topology="er:p=0.5", nodes=8, rounds=6,
                                          model="mlp:hidden=16", seed=18, topology_schedule="resample:every=2",
                                          adversaries="fraction=0.25,kind=noise:std=1", aggregate="median"),
@@ -74,13 +80,15 @@ RUNS = {
     "fedavg": dict(protocol="fedavg", topology="star", nodes=7, rounds=5, model="mlp:hidden=16", seed=9,
                    clients_per_round=3, lr=0.5),
     "fedclassavg": dict(protocol="fedclassavg", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16,
-                        batch_size=16, seed=25),
-    "fedproto": dict(protocol="fedproto", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=26),
-    "fedsim": dict(protocol="fedsim", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=24),
-    "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition="mapl:scenario=1",
+                        batch_size=16, seed=25, partition=FEW_MAPL),
+    "fedproto": dict(protocol="fedproto", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=26,
+                     partition=FEW_MAPL),
+    "fedsim": dict(protocol="fedsim", topology="star", nodes=5, rounds=4, model="hetero-small", d_z=16, seed=24,
+                   partition=FEW_MAPL),
+    "mapl": dict(protocol="mapl", topology="mesh", nodes=6, rounds=5, model="hetero-small", partition=FEW_MAPL,
                  local_epochs=1, t_thr=1, seed=7),
     "mapl+": dict(protocol="mapl+", topology="ring", nodes=6, rounds=4, model="mlp:hidden=16", local_epochs=1, t_thr=2,
-                  seed=8),
+                  seed=8, partition=FEW_MAPL),
 }
 
 
@@ -151,57 +159,66 @@ def test_the_availability_process_puts_its_own_pending_transitions_back_on_the_c
         each.loop.close()
 
 
-def _emulate(out: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "p2p_emulator.cli", *flags, "--out", str(out)], cwd=Path(__file__).parents[1],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-# Runs long enough to be killed in the middle; each is killed once its second checkpoint is written.
+# Runs killed in the middle, each with its own --checkpoint-every (2 to 5): long enough that a kill within
+# one checkpoint interval of the second checkpoint lands two intervals or more before the end.
 KILLED = {
-    "dfedavgm": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "150",
+    "dfedavgm": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "20",
                  "--model", "mlp:hidden=32", "--seed", "7", "--checkpoint-every", "4"],
-    "gossip-learning": ["--protocol", "gossip-learning", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "150",
+    "gossip-learning": ["--protocol", "gossip-learning", "--topology", "regular:d=4", "--nodes", "8", "--rounds", "30",
                         "--model", "mlp:hidden=32", "--seed", "8", "--checkpoint-every", "5", "--loss", "0.1"],
-    "mapl": ["--protocol", "mapl", "--topology", "mesh", "--nodes", "6", "--rounds", "40", "--model", "hetero-small",
-             "--partition", "mapl:scenario=1", "--local-epochs", "1", "--seed", "9", "--checkpoint-every", "2"],
-    "dfedavgm-churn-crash": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "10", "--rounds", "150",
+    "mapl": ["--protocol", "mapl", "--topology", "mesh", "--nodes", "6", "--rounds", "10", "--model", "hetero-small",
+             "--partition", "mapl:scenario=1,samples=5,test=2", "--local-epochs", "1", "--seed", "9",
+             "--checkpoint-every", "2"],
+    # the crash, at 5 s of emulated time (about round 9), is still due at the second checkpoint
+    "dfedavgm-churn-crash": ["--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "10", "--rounds", "18",
                              "--model", "mlp:hidden=32", "--seed", "10", "--checkpoint-every", "3", "--churn",
                              "up=0.4s,down=0.2s", "--crash", "0.2@5s", "--timeout", "0.3"],
 }
 KILLS = [("dfedavgm", 0), ("dfedavgm", 1), ("gossip-learning", 2), ("mapl", 3), ("dfedavgm-churn-crash", 4)]
+KILLED_FLAGS = ["--trace", "--quiet", "--no-plots"]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The run of KILLED[name], never killed (made once per name)."""
+    """The run of KILLED[name], never killed (made once per name, in this process)."""
     made = {}
 
     def get(name):
         if name not in made:
             made[name] = tmp_path_factory.mktemp(name) / "done"
-            assert _emulate(made[name], *KILLED[name], "--trace", "--quiet", "--no-plots").wait() == 0
+            assert main([*KILLED[name], *KILLED_FLAGS, "--out", str(made[name])]) == 0
         return made[name]
     return get
 
 
 @pytest.mark.parametrize("name, seed", KILLS, ids=[f"{name}-{seed}" for name, seed in KILLS])
 def test_kill_9_at_a_random_moment_then_resume(uninterrupted, tmp_path, name, seed):
-    """SIGKILL after the second checkpoint, at a random further delay; resume; the uninterrupted run's bytes."""
+    """SIGKILL after the second checkpoint, at a random further delay of up to the wall time the run took
+    from its first checkpoint to its second (so anywhere up to about the third, its write included); resume;
+    the uninterrupted run's bytes."""
     reference = uninterrupted(name)
     every = int(KILLED[name][KILLED[name].index("--checkpoint-every") + 1])
     out = tmp_path / "killed"
-    process = _emulate(out, *KILLED[name], "--trace", "--quiet", "--no-plots")
-    deadline = time.monotonic() + 120
-    while process.poll() is None and time.monotonic() < deadline:
-        if (out / "checkpoint").exists() and _checkpoint_round(out / "checkpoint") >= 2 * every:
-            break
-        time.sleep(0.01)
-    time.sleep(random.Random(seed).uniform(0, 1.5))
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process = Forked([*KILLED[name], *KILLED_FLAGS, "--out", out])
+    try:
+        first = _checkpointed(out / "checkpoint", every, process)
+        interval = _checkpointed(out / "checkpoint", 2 * every, process) - first
+        time.sleep(random.Random(seed).uniform(0, interval))
+    finally:
+        process.kill()
+        process.wait()
     assert not (out / "summary.json").exists(), "the run finished before the kill: make it longer"
     assert main(["resume", str(out)]) == 0
     _same_run_directories(reference, out)
+
+
+def _checkpointed(path: Path, rnd: int, process: Forked) -> float:
+    """The moment (time.monotonic) the run's checkpoint is first seen at round `rnd` or later."""
+    deadline = time.monotonic() + 120
+    while _checkpoint_round(path) < rnd:
+        assert process.poll() is None and time.monotonic() < deadline, f"the run wrote no checkpoint of round {rnd}"
+        time.sleep(0.01)
+    return time.monotonic()
 
 
 def _checkpoint_round(path: Path) -> int:
