@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import os
 import re
+import sys
 from dataclasses import dataclass
 
 import networkx as nx
@@ -35,9 +37,9 @@ from emulator.seeds import Seeds
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: -p no:xdist -n 0 still loads this file
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadgroup (pyproject.toml's addopts), with one more rule: a test file that defines a module-
-    or session-scoped fixture (a run that several of its tests read) or names an xdist_group (the Ray
-    tests: one local Ray) runs on one worker, so that the fixture is built, or Ray started, once. Every
-    other test goes to whichever worker is free.
+    or session-scoped fixture (a run that several of its tests read) runs on one worker, so that the
+    fixture is built once; the files that name one xdist_group (the Ray tests: one local Ray, local_ray)
+    run on one worker together, so that Ray starts once. Every other test goes to whichever worker is free.
 
     The rule lives here because pytest-xdist 3.8 marks a group by appending "@group" to the test's id,
     which pytest 9.2's structured ids ignore: loadgroup then silently spreads a group over the workers
@@ -54,18 +56,53 @@ def pytest_xdist_make_scheduler(config, log):
             if nodeid.rfind("@") > nodeid.rfind("]"):
                 return super()._split_scope(nodeid)
             path = nodeid.split("::", 1)[0]
-            return path if _one_worker(root / path) else nodeid
+            return _unit(root, path) or nodeid
 
     return FileGroups(config, log)
 
 
 @functools.cache
-def _one_worker(path) -> bool:
+def _unit(root, path: str) -> str | None:
+    """The scheduling unit of a test file's tests: the name of the xdist_group it names, the file if it defines
+    a module- or session-scoped fixture, else None (each test on its own)."""
     try:
-        source = path.read_text()
+        source = (root / path).read_text()
     except OSError:
-        return False
-    return re.search(r"""scope=["'](module|package|session)["']|xdist_group""", source) is not None
+        return None
+    if group := re.search(r"""xdist_group\(["'](\w+)["']\)""", source):
+        return group[1]
+    return path if re.search(r"""scope=["'](module|package|session)["']""", source) else None
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """The local Ray that `emulate` starts itself (on the loopback address only), of 2 CPUs on any machine
+    (a test asks for more workers than it holds): started by the first Ray test (xdist_group "ray"), joined
+    by the runs of every other, and shut down after the last (pytest_runtest_teardown below)."""
+    import ray
+
+    from emulator import ray_executor
+
+    if not ray.is_initialized():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "cpu_count", lambda: 2)  # what emulate's local Ray takes as its CPUs
+            ray_executor.connect(ray, "")
+    return ray
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last Ray test of a stretch, local_ray's Ray goes down: a later test's `emulate --executor ray`
+    in this process would join it instead of starting or reaching its own."""
+    if _ray_test(item) and not (nextitem is not None and _ray_test(nextitem)):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+
+
+def _ray_test(item) -> bool:
+    marker = item.get_closest_marker("xdist_group")
+    return marker is not None and marker.args[:1] == ("ray",)
 
 
 def pytest_asyncio_loop_factories(config, item):

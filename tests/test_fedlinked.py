@@ -208,7 +208,7 @@ def test_a_public_subsample_and_compression_shrink_the_representation_messages(t
     assert size < 50 * 16 * 4  # fp16 halves the floats
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(2))  # the pair leads by 0.49 and 0.50 (seeds 2 to 6: 0.42 to 0.72)
 def test_a_ranks_the_related_pair_first(tmp_path, seed):
     """Clients 1 and 2 learn related tasks, 3 distinct ones; A after pretraining (round 0)."""
     summary, _ = _run(tmp_path / "rank", *SMALL, "--protocol", "fedlinked", "--topology", "star", "--nodes", "4",
@@ -218,17 +218,19 @@ def test_a_ranks_the_related_pair_first(tmp_path, seed):
     assert max(pairs, key=pairs.get) == (1, 2)
 
 
-@pytest.mark.parametrize("groups,classes", [(2, 4), (3, 3)])
-def test_with_more_clients_a_node_ranks_a_group_mate_first(tmp_path, groups, classes):
-    """Six clients in two or three groups, four seeds: a group mate ranks first for at least 80% of (seed, node)."""
+# Two groups: every node ranks a group mate first on each of seeds 0 to 5. Three: 21 of 24 on seeds 0 to 3, but
+# 9 of 12 on seeds 0 and 1 (seeds 2 to 5: 6 of 6 each), so that case keeps its four seeds.
+@pytest.mark.parametrize("groups,classes,seeds", [(2, 4, 2), (3, 3, 4)])
+def test_with_more_clients_a_node_ranks_a_group_mate_first(tmp_path, groups, classes, seeds):
+    """Six clients in two or three groups, several seeds: a group mate ranks first for at least 80% of (seed, node)."""
     hits = []
-    for seed in range(4):
+    for seed in range(seeds):
         out = tmp_path / str(seed)
         summary, _ = _run(out, *SMALL, "--protocol", "fedlinked", "--topology", "star", "--nodes", "7", "--rounds", "1",
                           "--seed", str(seed), "--partition", f"fedlinked:groups={groups},classes={classes}")
         group = {n["node"] + 1: n["cluster"] for n in json.loads((out / "partition.json").read_text())["nodes"]}
         hits += [group[int(j)] == group[int(k)] for j, k in summary["ranked_first"].items()]
-    assert len(hits) == 24 and sum(hits) >= 0.8 * len(hits)
+    assert len(hits) == 6 * seeds and sum(hits) >= 0.8 * len(hits)
 
 
 def test_fedlinked_p2p_runs_under_churn_without_deadlock(tmp_path):
@@ -242,11 +244,12 @@ def test_fedlinked_p2p_runs_under_churn_without_deadlock(tmp_path):
 
 
 def test_the_star_waits_out_pretraining_longer_than_a_round(tmp_path):
-    """Pretraining (up to 100 epochs) takes longer than --timeout; round 0 still hears every client."""
+    """Pretraining (up to 40 epochs) takes longer than --timeout; round 0 still hears every client."""
+    # 40 epochs take 0.8 emulated seconds, a later round's work 0.1: a 0.25 s wait covers a round, not pretraining
     _, metrics = _run(tmp_path / "slow", *SMALL, "--protocol", "fedlinked", "--topology", "star", "--nodes", "4",
-                      "--rounds", "2", "--init-epochs", "100", "--patience", "100", "--timeout", "3")
+                      "--rounds", "2", "--init-epochs", "40", "--patience", "40", "--timeout", "0.25")
     clients = [r for r in metrics if r["node"] != 0]
-    assert max(r["pretrain_epochs"] for r in clients if "pretrain_epochs" in r) == 100
+    assert max(r["pretrain_epochs"] for r in clients if "pretrain_epochs" in r) == 40
     assert len(clients) == 6 and all(r["regularised"] for r in clients)
 
 

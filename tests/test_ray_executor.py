@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from emulator.ray_executor import payload_bytes
 from p2p_emulator.cli import main
@@ -21,7 +20,7 @@ from p2p_emulator.workloads.models import build_model
 from p2p_emulator.workloads.training import float_state
 from tests.conftest import assert_one_line_error
 
-# Under xdist the module runs on one worker: its runs join the module's one local Ray (the bad flags that reach
+# Under xdist the Ray tests run on one worker: their runs join one local Ray (local_ray, the bad flags that reach
 # Ray too) instead of each starting a cluster on a machine shared with the other workers.
 pytestmark = pytest.mark.xdist_group("ray")
 
@@ -29,21 +28,13 @@ OUTPUTS = ("metrics.jsonl", "links.csv", "messages.jsonl")
 SMALL = dict(nodes=8, rounds=3, trace=True, quiet=True, no_plots=True, seed=3)
 SMALL_ARGS = 64  # bytes: what a job moves besides the models it sends or returns (test_state_stays_on_the_workers)
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray (2 CPUs) for the module: a run joins it instead of starting its own."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
+# A Ray run costs seconds whatever its size (its workers start and import torch afresh): two runs, the second
+# carrying MAPL's four backbones (one per node), its prototypes, and churn (nodes go down and come back).
 SETTINGS = {
     "dfedavgm": dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32"),
-    "mapl-hetero-small": dict(protocol="mapl", topology="mesh", model="hetero-small", partition="mapl:scenario=1",
-                              local_epochs=1),
-    "dfedavgm-churn": dict(protocol="dfedavgm", topology="regular:d=4", model="mlp:hidden=32",
-                           churn="up=0.5s,down=0.3s", timeout=0.5),
+    "mapl-hetero-small-churn": dict(protocol="mapl", topology="mesh", nodes=4, model="hetero-small",
+                                    partition="mapl:scenario=1,samples=10,test=5", local_epochs=1,
+                                    churn="up=0.5s,down=0.3s", timeout=0.5),
 }
 
 
@@ -54,7 +45,7 @@ def on_ray(local_ray, tmp_path_factory):
     @functools.cache
     def get(name):
         out = tmp_path_factory.mktemp(name) / "ray"
-        return run(**SMALL, **SETTINGS[name], executor="ray", ray_workers=2, out=str(out))
+        return run(**{**SMALL, **SETTINGS[name]}, executor="ray", ray_workers=2, out=str(out))
 
     return get
 
@@ -62,7 +53,7 @@ def on_ray(local_ray, tmp_path_factory):
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_ray_gives_the_thread_runs_bytes(on_ray, tmp_path, name):
     settings = SETTINGS[name]
-    threads = run(**SMALL, **settings, workers=2, out=str(tmp_path / "thread"))
+    threads = run(**{**SMALL, **settings}, workers=2, out=str(tmp_path / "thread"))
     ray_run = on_ray(name)
     for output in OUTPUTS:
         assert (threads.out_dir / output).read_bytes() == (ray_run.out_dir / output).read_bytes(), output
@@ -119,17 +110,23 @@ def _node_workers(pid: int) -> list[int]:
     return workers
 
 
-def test_a_killed_worker_ends_the_run_in_one_line_and_keeps_the_closed_rounds(tmp_path):
+def test_a_killed_worker_ends_the_run_in_one_line_and_keeps_the_closed_rounds(local_ray, tmp_path):
+    # The run joins local_ray (rather than starting a Ray of its own, seconds more), whose processes are this
+    # one's descendants: its two workers are the NodeWorkers among them (earlier runs' were killed as they ended).
+    # local_ray listens on 127.0.0.1 only, where Ray in another process looks for it only when told that this
+    # machine has no cluster address (as emulate tells its own Ray when it starts it: _start_on_loopback).
     out = tmp_path / "run"
     process = subprocess.Popen(
         [sys.executable, "-m", "p2p_emulator.cli", "--protocol", "dfedavgm", "--topology", "regular:d=4", "--nodes", "8",
          "--rounds", "100000", "--model", "mlp:hidden=32", "--executor", "ray", "--ray-workers", "2", "--quiet",
-         "--no-plots", "--out", str(out)], stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
+         "--no-plots", "--ray-address", local_ray.get_runtime_context().gcs_address, "--out", str(out)],
+        stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
+        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and _closed_rounds(out) < 2:
             time.sleep(0.2)
-        workers = _node_workers(process.pid)
+        workers = _node_workers(os.getpid())
         assert len(workers) == 2, workers
         os.kill(workers[1], signal.SIGKILL)
         _, err = process.communicate(timeout=120)
@@ -167,7 +164,7 @@ def _closed_rounds(out: Path) -> int:
     (["--executor", "ray", "--ray-workers", "64"], "--ray-workers 64: the cluster has room for"),
     (["--executor", "dask"], "--executor"),
 ])
-def test_bad_ray_flags_are_one_line_and_exit_2(capsys, tmp_path, flags, named):
+def test_bad_ray_flags_are_one_line_and_exit_2(local_ray, capsys, tmp_path, flags, named):
     out = tmp_path / "run"
     assert main(["--protocol", "gossip", "--nodes", "4", "--rounds", "1", "--out", str(out), *flags]) == 2
     assert_one_line_error(capsys, named)

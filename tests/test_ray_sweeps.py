@@ -5,19 +5,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from emulator import ray_executor  # noqa: E402
 from tests.run_dirs import sweep_contents  # noqa: E402
 from tests.test_parallel_sweeps import GRID, sweep_in, write_grid  # noqa: E402
 
+# local_ray (tests/conftest.py): the local Ray that `emulate` starts itself, which a sweep joins; one for all the
+# Ray tests.
 pytestmark = pytest.mark.xdist_group("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """The local Ray that `emulate` starts itself, for the module; a sweep joins it."""
-    ray_executor.connect(ray, "")
-    yield
-    ray.shutdown()
 
 
 def _this_machines_address() -> str | None:
