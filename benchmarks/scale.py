@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,19 +103,15 @@ def rates() -> dict:
     return {"small": emulator_rate(200_000), "path": spread_rate(PATH_NODES, PATH_MESSAGES)}
 
 
-def _whole(argv: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(argv, check=True, capture_output=True)
-    return time.perf_counter() - start
-
-
 def startup(repeats: int = 5) -> tuple[float, float]:
     """Median whole-process wall of the learning run's start-up and of the plain script, alternating."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from startup import pairs
+
     emulate = Path(sys.executable).with_name("emulate")
     with tempfile.TemporaryDirectory() as out:
-        pairs = [(_whole([str(emulate), *STARTUP, "--out", out, "--overwrite"]),
-                  _whole([sys.executable, "-c", PLAIN_START])) for _ in range(repeats)]
-    return statistics.median(e for e, _ in pairs), statistics.median(p for _, p in pairs)
+        return pairs([str(emulate), *STARTUP, "--out", out, "--overwrite"], [sys.executable, "-c", PLAIN_START],
+                     repeats)
 
 
 def _in_process(*args: str) -> dict:
