@@ -29,7 +29,8 @@ from . import settings as cfg
 from .runs import LateFailure, execute, out_dir
 
 SUBCOMMANDS = {"report": "p2p_emulator.analysis.report:main", "sweep": "p2p_emulator.sweeps:main",
-               "node": "p2p_emulator.cli:node_main", "merge": "p2p_emulator.cli:merge_main"}
+               "watch": "p2p_emulator.analysis.watch:main", "node": "p2p_emulator.cli:node_main",
+               "merge": "p2p_emulator.cli:merge_main"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +56,7 @@ def _protocol_group(parser: argparse.ArgumentParser, name: str, cls: type) -> No
 def build_parser(registry: dict, protocol: str | None = None) -> _Parser:
     """The emulator's flags and those of `protocol` (None: no protocol's)."""
     parser = _Parser(prog="emulate", description="Emulate a peer-to-peer learning protocol on a network.",
-                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`, "
+                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`, `emulate watch RUN_DIR`, "
                             "`emulate node ...` and `emulate merge RUN_DIR` (docs/validation.md).")
     parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
                         help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")

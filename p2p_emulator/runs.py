@@ -38,6 +38,7 @@ from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics, read_j
 from .build import build_emulation, build_topology, make_executor
 from .console import progress_bar, progress_done, summary_table
 from .stream import RunStream
+from .watching import log, watched
 
 
 @dataclass
@@ -139,6 +140,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                 plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save, state, tensors)
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan, compute,
                                         placement)
+            resources.enter_context(watched(config, out_dir))  # last: its server starts once config.yaml is there
         except UsageError:
             resources.close()
             writer.close()
@@ -168,6 +170,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if not config.quiet:
         console.print(summary_table(summary, out_dir))
         _guarded(failures, f"{config.protocol} render", protocol.render, console, summary)
+    _guarded(failures, "--log-to", log, config, out_dir)
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
@@ -186,6 +189,7 @@ def _launched(config: cfg.RunConfig, options: Any, out_dir: Path) -> RunResult:
         plot_run(out_dir)
     if not config.quiet:
         Console(stderr=True).print(summary_table(summary, out_dir))
+    log(config, out_dir)
     return RunResult(out_dir, summary, read_jsonl(out_dir / "metrics.jsonl"))
 
 

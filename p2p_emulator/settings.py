@@ -26,6 +26,7 @@ from emulator.errors import UsageError
 from emulator.links import LOSS_MODELS, OVERHEADS, LinkSpec
 from emulator.seeds import Seeds
 
+from .analysis.trackers import TrackerError, destinations
 from .scenario import check as check_dynamics
 from .workloads.profiles import ProfileError, node_profiles
 from .specs import node_rates, parse_adversaries, parse_corrupt, parse_delay, parse_loss, slowdowns
@@ -84,6 +85,9 @@ class RunConfig:
     trace: bool = False
     no_plots: bool = False
     quiet: bool = False
+    watch: bool = False
+    watch_port: int = 0
+    log_to: str = ""
 
     def __post_init__(self):
         if self.rounds is None:  # unset: a time horizon alone, or the usual count
@@ -174,6 +178,11 @@ HELP = {
     "trace": "write messages.jsonl with one row per message",
     "no_plots": "skip the PNG plots under RUN_DIR/plots",
     "quiet": "no progress bar or summary table",
+    "watch": "serve a page on 127.0.0.1 that follows the run as it goes (`emulate watch RUN_DIR` does the same "
+             "for any run directory); its address is printed",
+    "watch_port": "--watch's port (0: a free one)",
+    "log_to": "once the run has finished, log it to tensorboard:DIR and/or mlflow[:URI] (a folder, default "
+              "./mlruns), comma-separated; needs the extra p2p-emulator[tensorboard] or [mlflow]",
 }
 
 DEFAULT_NODES = 10
@@ -290,7 +299,7 @@ def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> Usag
     return UsageError(f"{flag(name)}: not a setting of the emulator or of protocol {protocol!r}")
 
 
-PRESENTATION = ("out", "overwrite", "quiet", "no_plots")  # where and how a run is shown, not what it computes
+PRESENTATION = ("out", "overwrite", "quiet", "no_plots", "watch", "watch_port", "log_to")  # where and how a run is shown, not what it computes
 
 
 # Settings added after runs were made, at the default that gives those runs' results: left out of the digest,
@@ -386,6 +395,19 @@ def validate(config: RunConfig) -> None:
         except units.UnitError as exc:
             raise ConfigError(f"{flag(name)}: {exc}") from None
     check_dynamics(config)
+    check_presentation(config)
+
+
+def check_presentation(config: RunConfig) -> None:
+    """--watch and --log-to."""
+    _within("watch_port", config.watch_port, 0, 65535)
+    if config.watch and config.transport != "emulated":
+        raise ConfigError(f"--watch: follows a run directory as it streams; --transport {config.transport} writes "
+                          "it only when its nodes end (`emulate watch RUN_DIR` shows it then)")
+    try:
+        destinations(config.log_to)
+    except TrackerError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_checkpoints(config: RunConfig) -> None:

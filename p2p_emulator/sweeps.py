@@ -15,6 +15,7 @@ The grid file (YAML):
     jobs: 2                      # runs at once, each in a worker process (auto: cores / CPUs per run); default 1
     executor: local              # or ray: each run a Ray task (--ray-address joins a cluster)
     resources: {cpus: 1, gpus: 0, memory: 4GB}  # one run's share: its cores; on Ray also what it reserves
+    log_to: mlflow:runs/mlruns   # each run as it finishes, to trackers (--log-to), grouped under the study's name
     table:                       # the tables and plots: see p2p_emulator/analysis/study.py
       rows: method
       columns: partition
@@ -66,13 +67,17 @@ from . import settings as cfg
 from .analysis.output import ArgumentsError, Parser, fail, stdout_console
 from .analysis.rundir import RunDirError, is_finished, read_summary
 from .analysis.study import StudyError, StudyRun, TableSpec, parse_table, tabulate
+from .analysis.trackers import Destination, TrackerError, destinations, log_run
 from .live import StudyView
 from .runners import INTERRUPTED, InProcess, Job, Outcome, RayTasks, Resources, WorkerProcesses
 
 PROG = "emulate sweep"
-SECTIONS = {"base", "grid", "out", "table", "jobs", "executor", "resources"}
+SECTIONS = {"base", "grid", "out", "table", "jobs", "executor", "resources", "log_to"}
 EXECUTORS = ("local", "ray")
-SET_BY_SWEEP = {"out", "quiet", "config"}
+SET_BY_SWEEP = {"out", "quiet", "config", "watch", "watch_port", "log_to"}
+SWEEP_SETS = {"watch": " (`emulate watch OUT/RUN` follows one of its runs)",
+              "watch_port": " (`emulate watch OUT/RUN` follows one of its runs)",
+              "log_to": " (the grid file's top-level log_to: logs every run, grouped under the study)"}
 
 
 class GridError(UsageError):
@@ -95,6 +100,7 @@ class Grid:
     jobs: int | str | None  # runs at once (auto: cores / CPUs per run); None: not set in the file
     executor: str
     resources: Resources
+    log_to: list[Destination]  # trackers each finished run is logged to
 
     @property
     def axes(self) -> dict[str, list[Entry]]:
@@ -148,7 +154,7 @@ def _settings(mapping, where: str) -> dict:
     for key, value in mapping.items():
         name = str(key).replace("-", "_")
         if name in SET_BY_SWEEP:
-            raise GridError(f"{where}: {key!r} is set by the sweep itself")
+            raise GridError(f"{where}: {key!r} is set by the sweep itself" + SWEEP_SETS.get(name, ""))
         if isinstance(value, (list, dict)):
             raise GridError(f"{where}: {key}: expected a single value, got {type(value).__name__}")
         settings[name] = value
@@ -204,8 +210,12 @@ def load_grid(path: Path) -> Grid:
     if executor not in EXECUTORS:
         raise GridError(f"{where}: executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
     jobs = data.get("jobs")
+    try:
+        log_to = destinations(str(data.get("log_to") or ""))
+    except TrackerError as exc:
+        raise GridError(f"{where}: log_to: {exc}") from None
     return Grid(base, grids, Path(out), table, None if jobs is None else _jobs(jobs, f"{where}: jobs"), executor,
-                _resources(data.get("resources") or {}, f"{where}: resources"))
+                _resources(data.get("resources") or {}, f"{where}: resources"), log_to)
 
 
 def _axes(grid, where: str) -> dict[str, list[Entry]]:
@@ -314,6 +324,7 @@ def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner
             console.print(f"[yellow]resume {point.name} from its checkpoint", highlight=False)
         queue.append(Job(point.name, argv, grid.out / point.name, resolved[point.name].rounds))
     view = StudyView(console, len(runs), len(runs) - len(todo), len(queue), runner.slots, runner.rounds)
+    labels = {point.name: point.labels for point in runs}
     try:
         with view:
             while queue or view.running:
@@ -325,10 +336,22 @@ def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner
                 for outcome in runner.finished(timeout=1.0):
                     if outcome.status in INTERRUPTED:  # Ctrl-C or SIGTERM ended a run: end the sweep too
                         raise Terminated if outcome.status == 143 else KeyboardInterrupt
-                    view.finished(outcome)
+                    view.finished(logged(grid, labels[outcome.name], outcome))
     finally:
         runner.close()
     return view.failed
+
+
+def logged(grid: Grid, labels: dict[str, str], outcome: Outcome) -> Outcome:
+    """The outcome of a run, logged to the grid's trackers when it finished (in the experiment, or under the
+    folder, named after the study); a failure to log fails the run."""
+    if outcome.status or not grid.log_to:
+        return outcome
+    try:
+        log_run(grid.out / outcome.name, grid.log_to, study=grid.out.resolve().name, labels=labels)
+    except Exception as exc:  # noqa: BLE001 - a tracker's failure: the run directory is whole, the sweep goes on
+        return Outcome(outcome.name, 1, f"log_to failed: {type(exc).__name__}: {exc}".splitlines()[0])
+    return outcome
 
 
 def write_failures(out: Path, failed: list[Outcome]) -> None:

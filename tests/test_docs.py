@@ -36,6 +36,7 @@ import pytest
 
 from p2p_emulator.analysis.output import ArgumentsError
 from p2p_emulator.analysis.report import parse as parse_report
+from p2p_emulator.analysis.watch import parse as parse_watch
 from p2p_emulator import cli
 from p2p_emulator.sweeps import GridError, check_settings, load_grid, points
 from p2p_emulator.sweeps import parse as parse_sweep
@@ -278,6 +279,12 @@ def parse_error(argv: list[str], plugins: dict[str, type] | None = None) -> str 
             cli.cfg.resolve(cli.cfg.read_config_file(cli.node_parser().parse_args(argv[1:]).config), registry)
         except UsageError as exc:
             return f"emulate: error: {exc}"
+        return None
+    if argv[:1] == ["watch"]:  # a run directory a page's earlier command made
+        try:
+            parse_watch(argv[1:])
+        except ArgumentsError as exc:
+            return f"emulate watch: error: {exc}"
         return None
     if argv[:1] == ["merge"]:  # a run directory the nodes wrote
         return None if len(argv) == 2 else "emulate: error: usage: emulate merge RUN_DIR"

@@ -39,6 +39,7 @@ def test_the_wheel_holds_only_the_designs_packages_and_the_tools_own(wheel):
 def test_the_wheel_ships_type_information_and_the_command(wheel):
     names = set(wheel.namelist())
     assert {f"{package}/py.typed" for package in IMPORT_PACKAGES} <= names
+    assert "p2p_emulator/analysis/watch.html" in names  # `emulate watch`'s page
     entry_points = wheel.read(f"p2p_emulator-{p2p_emulator.__version__}.dist-info/entry_points.txt").decode()
     assert "emulate = p2p_emulator.cli:main" in entry_points
     assert "[p2p_emulator.analysis]" in entry_points  # the protocols' own figures and measures

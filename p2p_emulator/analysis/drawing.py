@@ -85,7 +85,7 @@ def label_axes(ax, axis: str, metric: str) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _spread(curves: Curves, many: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def spread(curves: Curves, many: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Centre, low and high over nodes: mean ± std, or with many nodes the median and 10th and 90th percentiles
     (a std band says little about a skewed crowd)."""
     if many:
@@ -96,7 +96,7 @@ def _spread(curves: Curves, many: bool) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 def band(ax, x, curves: Curves, many: bool, color: str, **line) -> None:
     """The centre over nodes (dots when there are too few rounds for a line) with its band."""
-    centre, low, high = _spread(curves, many)
+    centre, low, high = spread(curves, many)
     ax.plot(x, centre, color=color, marker="o" if len(x) < 3 else None, **line)
     ax.fill_between(x, low, high, alpha=0.2, color=color, linewidth=0)
 

@@ -71,7 +71,7 @@ def metric_figures(run: Run) -> Figures:
         yield f"{curves.metric}_vs_{axis}.png", _metric_figure(run, curves, axis)
 
 
-def _links(run: Run) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+def link_rows(run: Run) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """Node count, and each links.csv row's src, dst and bytes sent."""
     rows = [(row["src"], row["dst"], row["bytes_sent"]) for row in run.links or ()]
     src, dst, sent = np.array(rows, dtype=np.int64).reshape(-1, 3).T
@@ -79,11 +79,16 @@ def _links(run: Run) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     return n, src, dst, sent
 
 
-def _link_matrix(run: Run, n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarray) -> Figure:
+def link_cells(n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarray) -> tuple[int, np.ma.MaskedArray]:
+    """Nodes per block, and bytes sent per (source, destination) block, masked where there is no link."""
     block = node_block(n)
     rows, cols, shape = src // block, dst // block, (math.ceil(n / block),) * 2
     linked = cell_sums(rows, cols, np.ones(len(src)), shape) > 0  # a link that carried 0 bytes is not blank
-    total = np.ma.masked_array(cell_sums(rows, cols, sent.astype(float), shape), ~linked)
+    return block, np.ma.masked_array(cell_sums(rows, cols, sent.astype(float), shape), ~linked)
+
+
+def _link_matrix(run: Run, n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarray) -> Figure:
+    block, total = link_cells(n, src, dst, sent)
     fig = new_figure(5.6, 4.8)
     ax = fig.add_subplot()
     image = node_image(ax, total, block, cmap="viridis")
@@ -127,7 +132,7 @@ def _topology(run: Run, n: int, src: np.ndarray, dst: np.ndarray, sent: np.ndarr
 
 def link_figures(run: Run) -> Figures:
     """Bytes per directed link, as a matrix and (up to MAX_TOPOLOGY_NODES nodes) on the topology."""
-    n, src, dst, sent = _links(run)
+    n, src, dst, sent = link_rows(run)
     if not sent.any():  # no links.csv, or nothing sent (local training)
         return
     yield "link_bytes_matrix.png", _link_matrix(run, n, src, dst, sent)
@@ -160,18 +165,27 @@ def _uptime(rows: list[dict], n: int, end: float, block: int) -> np.ndarray:
     return np.clip(1 - seconds_down / (np.diff(edges) * block_sizes(n, block)[:, None]), 0, 1)
 
 
-def availability_figures(run: Run) -> Figures:
-    """With churn: the share of each time bin each node (or block of nodes) was up."""
+def uptime(run: Run) -> tuple[np.ndarray, float, int] | None:
+    """With churn: the fraction of each time bin each node (or block of nodes) was up, the end of the last bin
+    and the nodes per block; None without availability.jsonl."""
     rows = [r for r in run.stream("availability") or () if "node" in r and "t_down" in r]
     if not rows:
-        return
+        return None
     ends = [run.emulated_seconds, *(float(r["t_up"]) for r in rows if r.get("t_up") is not None)]
     end = max(e for e in ends if not math.isnan(e))
     if end <= 0:
-        return
+        return None
     n = max([run.num_nodes, *(int(r["node"]) + 1 for r in rows)])
     block = node_block(n)
-    up = _uptime(rows, n, end, block)
+    return _uptime(rows, n, end, block), end, block
+
+
+def availability_figures(run: Run) -> Figures:
+    """With churn: the share of each time bin each node (or block of nodes) was up."""
+    cells = uptime(run)
+    if cells is None:
+        return
+    up, end, block = cells
     fig = new_figure(7.0, min(max(2.5, 0.22 * len(up) + 1.2), 8.0))
     ax = fig.add_subplot()
     image = ax.imshow(up, cmap=UPTIME, vmin=0, vmax=1, aspect="auto", interpolation="nearest", origin="lower",
