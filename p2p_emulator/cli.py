@@ -213,7 +213,7 @@ def node_main(argv: list[str]) -> int:
         args = node_parser().parse_args(argv)
         registry = protocols()
         settings = cfg.read_config_file(args.config)
-        settings.update(out=args.out, overwrite=True, quiet=True, no_plots=True)
+        settings.update(out=args.out, overwrite=True, quiet=True, no_plots=True, watch=False, log_to="")  # the run's
         config, options = cfg.resolve(settings, registry)
         if config.transport == "emulated":
             config.transport = "tcp"

@@ -34,11 +34,12 @@ from emulator.units import read_spec
 from . import __version__, checkpoints, transport
 from . import scenario as scenarios
 from . import settings as cfg
+from .analysis import trackers
 from .analysis.rundir import RunDirWriter, bytes_by_phase, final_metrics, read_jsonl, staleness
 from .build import build_emulation, build_topology, make_executor
 from .console import progress_bar, progress_done, summary_table
 from .stream import RunStream
-from .watching import log, watched
+from .watching import Watch
 
 
 @dataclass
@@ -107,8 +108,13 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if saved is not None:
         config_hash = saved["config_hash"]  # the run's, from before config.yaml had its node count filled in
     existed = out_dir.exists()
+    page = Watch(config)  # its port, bound before the run directory is touched: one in use is bad input
     if not resume:
-        prepare_out_dir(out_dir, config.overwrite)
+        try:
+            prepare_out_dir(out_dir, config.overwrite)
+        except UsageError:
+            page.close()
+            raise
     writer = RunDirWriter(out_dir)
     progress, task = progress_bar(console, config)  # shown once the rounds start
 
@@ -121,6 +127,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                           tensors)
 
     with writer, contextlib.ExitStack() as resources:
+        resources.callback(page.close)
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             if not resume:
                 writer.config({**asdict(config), **asdict(options)})
@@ -140,7 +147,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                 plan = Checkpoints(config.checkpoint_every, checkpoints.RESIDENTS, save, state, tensors)
             emulation = build_emulation(config, graph, protocol, executor, scenario, on_round, plan, compute,
                                         placement)
-            resources.enter_context(watched(config, out_dir))  # last: its server starts once config.yaml is there
+            page.start(out_dir)  # last: the page's server reads config.yaml
         except UsageError:
             resources.close()
             writer.close()
@@ -163,6 +170,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                    **_checkpoint_summary(config, emulation), **_transport(config, placement, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
+        page.finished()
     if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
         from .analysis.plots import plot_run
 
@@ -170,7 +178,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
     if not config.quiet:
         console.print(summary_table(summary, out_dir))
         _guarded(failures, f"{config.protocol} render", protocol.render, console, summary)
-    _guarded(failures, "--log-to", log, config, out_dir)
+    _log(config, out_dir, failures)
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)
@@ -189,8 +197,17 @@ def _launched(config: cfg.RunConfig, options: Any, out_dir: Path) -> RunResult:
         plot_run(out_dir)
     if not config.quiet:
         Console(stderr=True).print(summary_table(summary, out_dir))
-    log(config, out_dir)
+    failures: list[str] = []
+    _log(config, out_dir, failures)
+    if failures:
+        raise LateFailure(f"{failures[0]} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, read_jsonl(out_dir / "metrics.jsonl"))
+
+
+def _log(config: cfg.RunConfig, out_dir: Path, failures: list[str]) -> None:
+    """--log-to: the finished run, to each tracker; a failure is noted in `failures`."""
+    if config.log_to:
+        _guarded(failures, "--log-to", trackers.log_run, out_dir, trackers.destinations(config.log_to))
 
 
 def _transport(config: cfg.RunConfig, placement: Placement | None, emulation: Emulation) -> dict:

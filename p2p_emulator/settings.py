@@ -401,6 +401,8 @@ def validate(config: RunConfig) -> None:
 def check_presentation(config: RunConfig) -> None:
     """--watch and --log-to."""
     _within("watch_port", config.watch_port, 0, 65535)
+    if config.watch_port and not config.watch:
+        raise ConfigError(f"--watch-port {config.watch_port}: the port of --watch, which is not given")
     if config.watch and config.transport != "emulated":
         raise ConfigError(f"--watch: follows a run directory as it streams; --transport {config.transport} writes "
                           "it only when its nodes end (`emulate watch RUN_DIR` shows it then)")

@@ -15,7 +15,8 @@ The grid file (YAML):
     jobs: 2                      # runs at once, each in a worker process (auto: cores / CPUs per run); default 1
     executor: local              # or ray: each run a Ray task (--ray-address joins a cluster)
     resources: {cpus: 1, gpus: 0, memory: 4GB}  # one run's share: its cores; on Ray also what it reserves
-    log_to: mlflow:runs/mlruns   # each run as it finishes, to trackers (--log-to), grouped under the study's name
+    log_to: mlflow:runs/mlruns   # each run as it finishes, to trackers (--log-to), grouped under the study's name;
+                                 # OUT/logged.csv notes what was logged: a rerun logs what is missing
     table:                       # the tables and plots: see p2p_emulator/analysis/study.py
       rows: method
       columns: partition
@@ -75,8 +76,9 @@ PROG = "emulate sweep"
 SECTIONS = {"base", "grid", "out", "table", "jobs", "executor", "resources", "log_to"}
 EXECUTORS = ("local", "ray")
 SET_BY_SWEEP = {"out", "quiet", "config", "watch", "watch_port", "log_to"}
-SWEEP_SETS = {"watch": " (`emulate watch OUT/RUN` follows one of its runs)",
-              "watch_port": " (`emulate watch OUT/RUN` follows one of its runs)",
+WATCH_ONE = " (`emulate watch OUT/RUN` follows one of its runs)"
+LOGGED = "logged.csv"  # run, config_hash, destination: which runs the study's trackers have
+SWEEP_SETS = {"watch": WATCH_ONE, "watch_port": WATCH_ONE,
               "log_to": " (the grid file's top-level log_to: logs every run, grouped under the study)"}
 
 
@@ -211,7 +213,8 @@ def load_grid(path: Path) -> Grid:
         raise GridError(f"{where}: executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
     jobs = data.get("jobs")
     try:
-        log_to = destinations(str(data.get("log_to") or ""))
+        log_to = destinations(",".join(map(str, data["log_to"])) if isinstance(data.get("log_to"), list)
+                              else str(data.get("log_to") or ""))
     except TrackerError as exc:
         raise GridError(f"{where}: log_to: {exc}") from None
     return Grid(base, grids, Path(out), table, None if jobs is None else _jobs(jobs, f"{where}: jobs"), executor,
@@ -324,7 +327,9 @@ def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner
             console.print(f"[yellow]resume {point.name} from its checkpoint", highlight=False)
         queue.append(Job(point.name, argv, grid.out / point.name, resolved[point.name].rounds))
     view = StudyView(console, len(runs), len(runs) - len(todo), len(queue), runner.slots, runner.rounds)
-    labels = {point.name: point.labels for point in runs}
+    by_name = {point.name: point for point in runs}
+    unlogged = [Outcome(p.name, 1, error) for p in runs if p not in todo
+                if (error := log_once(grid, p, resolved[p.name].config_hash))]  # runs finished before this sweep
     try:
         with view:
             while queue or view.running:
@@ -336,22 +341,34 @@ def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner
                 for outcome in runner.finished(timeout=1.0):
                     if outcome.status in INTERRUPTED:  # Ctrl-C or SIGTERM ended a run: end the sweep too
                         raise Terminated if outcome.status == 143 else KeyboardInterrupt
-                    view.finished(logged(grid, labels[outcome.name], outcome))
+                    error = outcome.status == 0 and log_once(grid, by_name[outcome.name],
+                                                             resolved[outcome.name].config_hash)
+                    view.finished(Outcome(outcome.name, 1, error) if error else outcome)
     finally:
         runner.close()
-    return view.failed
+    return view.failed + unlogged
 
 
-def logged(grid: Grid, labels: dict[str, str], outcome: Outcome) -> Outcome:
-    """The outcome of a run, logged to the grid's trackers when it finished (in the experiment, or under the
-    folder, named after the study); a failure to log fails the run."""
-    if outcome.status or not grid.log_to:
-        return outcome
-    try:
-        log_run(grid.out / outcome.name, grid.log_to, study=grid.out.resolve().name, labels=labels)
-    except Exception as exc:  # noqa: BLE001 - a tracker's failure: the run directory is whole, the sweep goes on
-        return Outcome(outcome.name, 1, f"log_to failed: {type(exc).__name__}: {exc}".splitlines()[0])
-    return outcome
+def log_once(grid: Grid, point: Point, config_hash: str) -> str:
+    """Log the point's finished run to each of the grid's trackers that OUT/logged.csv does not say has it (in
+    the experiment, or under the folder, named after the study), and note it there; the error line of a
+    tracker that failed ("" if none did): the sweep's next call tries it again."""
+    ledger = grid.out / LOGGED
+    done: set[tuple[str, ...]] = set()
+    if ledger.is_file():
+        with open(ledger, newline="") as fh:
+            done = {tuple(row) for row in csv.reader(fh)}
+    for destination in grid.log_to:
+        key = (point.name, config_hash, f"{destination.kind}:{destination.where}")
+        if key in done:
+            continue
+        try:
+            log_run(grid.out / point.name, [destination], study=grid.out.resolve().name, labels=point.labels)
+        except Exception as exc:  # noqa: BLE001 - a tracker's failure: the run directory is whole, the sweep goes on
+            return f"log_to {destination.kind} failed: {type(exc).__name__}: {exc}".splitlines()[0]
+        with open(ledger, "a", newline="") as fh:
+            csv.writer(fh).writerow(key)
+    return ""
 
 
 def write_failures(out: Path, failed: list[Outcome]) -> None:

@@ -1,54 +1,60 @@
-"""What a run does beside its work for `--watch` and `--log-to` (p2p_emulator.analysis.watch and .trackers).
+"""--watch beside a run (p2p_emulator.analysis.watch serves the page).
 
---watch binds its port here, before any work (a port in use is bad input), and hands the socket to
-`emulate watch --follow` in a process of its own, so that drawing the page never takes the run's
-interpreter. When the run has finished, it waits up to LINGER seconds for the page to show the summary.
+The port is bound before any work, so one in use is bad input, and handed to `emulate watch --follow`
+in a process of its own once config.yaml is written, so that drawing the page never takes the run's
+interpreter. When the run has finished, it waits up to LINGER seconds for a page to be sent the summary.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from emulator.errors import UsageError
 
 from . import settings as cfg
-from .analysis import trackers, watch
 from .analysis.output import ArgumentsError
 
-LINGER = watch.FOLLOW_GRACE + 2 * watch.POLL_SECONDS + 5.0  # the page's last poll, and the server's start
+LINGER = 10.0  # seconds: the server's start, the page's last poll and FOLLOW_GRACE (analysis/watch.py)
 
 
-@contextlib.contextmanager
-def watched(config: cfg.RunConfig, out_dir: Path) -> Iterator[None]:
-    """With --watch, the page's server runs meanwhile; its address is printed (even with --quiet)."""
-    if not config.watch:
-        yield
-        return
-    try:
-        sock = watch.bind(config.watch_port)
-    except ArgumentsError as exc:
-        raise UsageError(f"--watch-port: {exc}") from None
-    with sock:
-        server = subprocess.Popen([sys.executable, "-m", "p2p_emulator.analysis.watch", str(out_dir), "--follow",
-                                   "--fd", str(sock.fileno())], pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL)
-        print(f"emulate: watch the run at {watch.url(sock)}", file=sys.stderr, flush=True)
-    try:
-        yield
-    except BaseException:
-        server.terminate()
-        raise
-    else:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(timeout=LINGER)
-    finally:
-        server.terminate()  # nothing, when it has stopped
-        server.wait()
+class Watch:
+    """The page's port (None without --watch) and, once started, its server."""
 
+    def __init__(self, config: cfg.RunConfig):
+        self.server: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        if config.watch:
+            from .analysis import watch  # Plotly and matplotlib: only for a watched run
 
-def log(config: cfg.RunConfig, out_dir: Path) -> None:
-    """--log-to: the finished run, to each tracker."""
-    if config.log_to:
-        trackers.log_run(out_dir, trackers.destinations(config.log_to))
+            try:
+                self.sock = watch.bind(config.watch_port)
+            except ArgumentsError as exc:
+                raise UsageError(f"--watch-port: {exc}") from None
+            self.address = watch.url(self.sock)
+
+    def start(self, out_dir: Path) -> None:
+        """Serve the run directory's page from now on; its address is printed (even with --quiet)."""
+        if self.sock is None:
+            return
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "p2p_emulator.analysis.watch", str(out_dir), "--follow", str(os.getpid()),
+             "--fd", str(self.sock.fileno())], pass_fds=[self.sock.fileno()], stdin=subprocess.DEVNULL)
+        print(f"emulate: watch the run at {self.address}", file=sys.stderr, flush=True)
+
+    def finished(self) -> None:
+        """The run has written summary.json: give the page time to show it."""
+        if self.server is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.wait(timeout=LINGER)
+
+    def close(self) -> None:
+        """Stop the server (nothing, when it has stopped) and let go of the port."""
+        if self.server is not None:
+            self.server.terminate()
+            self.server.wait()
+        if self.sock is not None:
+            self.sock.close()

@@ -81,16 +81,28 @@ def test_a_study_logs_each_run_grouped_under_its_name(tmp_path):
         "grid": {"seed": [0, 1]}, "out": str(tmp_path / "study"),
         "log_to": f"tensorboard:{tmp_path / 'tb'},mlflow:{tmp_path / 'mlruns'}", "table": {"rows": "seed"}}))
     assert not sweep(grid).failed
+    assert not sweep(grid).failed  # again: its runs are finished and logged, so nothing is logged twice
     assert sorted(p.name for p in (tmp_path / "tb" / "study").iterdir()) == ["seed=0", "seed=1"]
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
     runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
     assert sorted((r.info.run_name, r.data.tags["axis.seed"]) for r in runs) == [("seed=0", "0"), ("seed=1", "1")]
 
 
+def test_a_study_logs_its_runs_finished_before_it_had_trackers(tmp_path):
+    grid = tmp_path / "grid.yaml"
+    settings = {"base": {"protocol": "gossip", "topology": "ring", "nodes": 4, "rounds": 2, "no_plots": True},
+                "grid": {"seed": [0]}, "out": str(tmp_path / "study"), "table": {"rows": "seed"}}
+    grid.write_text(yaml.safe_dump(settings))
+    assert not sweep(grid).failed
+    grid.write_text(yaml.safe_dump({**settings, "log_to": f"tensorboard:{tmp_path / 'tb'}"}))
+    assert not sweep(grid).failed
+    assert [p.name for p in (tmp_path / "tb" / "study").iterdir()] == ["seed=0"]
+
+
 def test_bad_or_missing_trackers_are_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert_refused(capsys, ["--protocol", "gossip", "--log-to", "wandb:x"], "--log-to 'wandb:x'", tmp_path / "a")
     assert_refused(capsys, ["--protocol", "gossip", "--log-to", "tensorboard"], "tensorboard:DIR", tmp_path / "a")
-    monkeypatch.setattr(trackers.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(trackers, "installed", lambda module: False)
     assert_refused(capsys, ["--protocol", "gossip", "--log-to", "mlflow"], "p2p-emulator[mlflow]", tmp_path / "a")
 
 

@@ -17,7 +17,8 @@ SETTINGS = dict(protocol="gossip", topology="ring", nodes=3, rounds=3, latency="
 
 def test_tcp_run_carries_the_emulated_ledger_and_results(tmp_path):
     emulated = p2p_emulator.run(**SETTINGS, out=str(tmp_path / "emulated"))
-    real = p2p_emulator.run(**SETTINGS, transport="tcp", out=str(tmp_path / "tcp"))
+    real = p2p_emulator.run(**SETTINGS, transport="tcp", out=str(tmp_path / "tcp"),
+                            log_to=f"tensorboard:{tmp_path / 'tb'}")
     # Payload bytes per link, counted by the sender and the receiver's sockets, equal the emulated ledger's.
     assert (real.out_dir / "links.csv").read_text() == (emulated.out_dir / "links.csv").read_text()
     # Same seed, same protocol file, same frames: the same values and metrics, whatever the timing; only the
@@ -33,6 +34,7 @@ def test_tcp_run_carries_the_emulated_ledger_and_results(tmp_path):
     assert min(m["t_arrive"] - m["t_send"] for m in messages) >= 0.029
     assert real.summary["transport"] == "tcp" and real.summary["framing_bytes"] > 0
     assert sorted(p.name for p in (real.out_dir / "nodes").iterdir()) == ["0", "0.log", "1", "1.log", "2", "2.log"]
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["tcp"]  # the merged run is logged, not each node
     # emulate merge rebuilds the same run directory from the nodes' own directories.
     links = (real.out_dir / "links.csv").read_text()
     (real.out_dir / "links.csv").unlink()

@@ -1,10 +1,13 @@
 """`emulate watch` and `--watch`: the page follows a run directory as it streams, in a real browser."""
 import json
-import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,24 +33,82 @@ def _append(path, rows) -> None:
         fh.writelines(json.dumps(row) + "\n" for row in rows)
 
 
+def _state(page: RunPage, since: int) -> dict:
+    return json.loads(page.current(since)[0])
+
+
 def test_the_state_follows_the_run_directory_as_it_streams(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"protocol": "gossip", "topology": "ring", "nodes": 2}))
     page = RunPage(tmp_path)
     _append(tmp_path, _rows(range(2)))
-    state = json.loads(page.current(-1))
+    state = _state(page, -1)
     assert state["status"] == "running" and "incomplete, 2 rounds" in state["name"]
     centre = state["charts"]["metric-round"]["data"][2]
     assert centre["x"] == [0, 1] and centre["y"] == pytest.approx([0.025, 0.125])
-    assert json.loads(page.current(state["version"])) == {"version": state["version"]}  # nothing new: nothing sent
+    assert _state(page, state["version"]) == {"version": state["version"]}  # nothing new: nothing sent
     _append(tmp_path, _rows(range(2, 5)))
     (tmp_path / "summary.json").write_text(json.dumps({"final": final_metrics(_rows(range(5))), "nodes": 2,
                                                        "bytes_total": 1500, "emulated_seconds": 2.5}))
-    state = json.loads(page.current(state["version"]))
+    state = _state(page, state["version"])
     assert state["status"] == "finished" and state["name"] == tmp_path.name
     assert state["charts"]["metric-round"]["data"][2]["x"] == [0, 1, 2, 3, 4]
     report = dict(zip(state["report"]["headers"], state["report"]["cells"]))
     assert report["final mean ± std"] == "42.50 ± 2.50" and report["total bytes"] == "1.50 kB"
-    assert page.shown_final
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as free:
+        return free.getsockname()[1]
+
+
+def test_watch_serves_the_run_from_its_start_and_stops_once_the_summary_was_sent(tmp_path):
+    """--watch end to end without a browser: a client asking as the page does gets every state, the last the
+    finished run's; then the run returns and nothing listens on the port any more."""
+    port, out, status, states = _free_port(), tmp_path / "run", [], []
+    run = threading.Thread(target=lambda: status.append(main([
+        "--protocol", "gossip", "--nodes", "4", "--rounds", "3", "--out", str(out), "--quiet", "--no-plots",
+        "--watch", "--watch-port", str(port)])))
+    run.start()
+    while run.is_alive() and not (states and states[-1].get("status") == "finished"):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/state.json", timeout=10) as answer:
+                states.append(json.load(answer))
+        except OSError:
+            time.sleep(0.05)  # not listening yet
+    run.join(timeout=30)
+    assert status == [0] and states[-1]["status"] == "finished" and not _listening(port)
+    assert states[-1]["charts"]["metric-round"]["data"][2]["x"] == [0, 1, 2]
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, which init has yet to reap, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_the_server_of_a_killed_run_stops(tmp_path):
+    """`emulate watch --follow PID` stops once the run's process is gone, summary.json or not."""
+    (tmp_path / "config.yaml").write_text("protocol: gossip\n")
+    run = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time; print(subprocess.Popen(["
+                            "sys.executable, '-m', 'p2p_emulator.analysis.watch', sys.argv[1], '--follow', "
+                            "str(os.getpid())]).pid, flush=True); time.sleep(60)", str(tmp_path)],
+                           stdout=subprocess.PIPE, text=True)
+    server = int(run.stdout.readline())
+    assert _alive(server)
+    run.kill()
+    run.wait()
+    run.stdout.close()
+    deadline = time.monotonic() + 20
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server)
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
@@ -55,17 +116,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert_one_line_error(capsys, "no such run directory")
     assert watch_main([str(tmp_path)]) == 2
     assert_one_line_error(capsys, "not a run directory")
+    assert_refused(capsys, ["--protocol", "gossip", "--nodes", "3", "--watch-port", "8050"], "--watch-port",
+                   tmp_path / "run")
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = str(taken.getsockname()[1])
         assert_refused(capsys, ["--protocol", "gossip", "--nodes", "3", "--watch", "--watch-port", port],
                        "--watch-port", tmp_path / "run")
     assert_refused(capsys, ["--protocol", "gossip", "--nodes", "3", "--watch", "--transport", "tcp"], "--watch",
                    tmp_path / "run")
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
@@ -81,10 +139,7 @@ def browser():
 
 def test_the_page_gains_points_while_a_run_goes_and_shows_its_summary(tmp_path, browser):
     """A run on the real clock (rounds of about 0.7 s), watched from its start to its summary."""
-    with socket.create_server(("127.0.0.1", 0)) as free:
-        port = free.getsockname()[1]
-    out = tmp_path / "run"
-    status = []
+    port, out, status = _free_port(), tmp_path / "run", []
     run = threading.Thread(target=lambda: status.append(main([
         "--protocol", "fedavg", "--topology", "star", "--nodes", "5", "--rounds", str(ROUNDS), "--clock", "real",
         "--latency", "150ms", "--out", str(out), "--quiet", "--no-plots", "--watch", "--watch-port", str(port)])))

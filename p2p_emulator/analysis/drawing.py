@@ -17,7 +17,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from .rundir import Curves
+from .rundir import MAX_NODE_LINES, Curves
 
 DPI = 110
 AXES = {  # x-axis name -> label
@@ -25,7 +25,6 @@ AXES = {  # x-axis name -> label
     "time": "emulated time (s)",
     "bytes": "bytes sent, all nodes",
 }
-MAX_NODE_LINES = 32  # beyond: percentiles over nodes and only the worst nodes' lines
 WORST_NODES = 3
 MAX_MATRIX_SIDE = 200  # rows and columns of a node x node image; beyond, blocks of nodes
 SPREAD = {False: "mean ± std over nodes", True: "median, 10–90% of nodes"}  # by "beyond MAX_NODE_LINES"

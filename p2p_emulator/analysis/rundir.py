@@ -40,6 +40,8 @@ BOOKKEEPING = {"round", "node", "t", *NODE_ROUND_COLUMNS}
 # Columns of samples.jsonl besides the scores (--eval-every-seconds); bytes are each node's since the start.
 SAMPLE_BOOKKEEPING = {"t", "node", "step", "bytes_sent", "bytes_received"}
 CURVE_AXES = ("round", "time")  # what a Curves' columns are: rounds of metrics.jsonl, or ticks of samples.jsonl
+# Beyond this many nodes, figures and trackers show percentiles over nodes and only the worst nodes, not a line each.
+MAX_NODE_LINES = 32
 # Settings that say what a run was tested under, with their values that mean "nothing special".
 SCENARIO_KEYS = {"dataset": (), "partition": (), "churn": ("", "none", "0", None),
                  "loss": ("0", 0, 0.0), "compress": ("none",), "compute_speed": ("constant",),

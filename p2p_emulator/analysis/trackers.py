@@ -1,8 +1,9 @@
 """`--log-to`: a finished run directory written to the experiment trackers labs keep their runs in.
 
-    --log-to tensorboard:DIR     TensorBoard event files under DIR/<run> (torch.utils.tensorboard)
+    --log-to tensorboard:DIR     TensorBoard event files under DIR/<run> (torch.utils.tensorboard); a run
+                                 of a name logged there already goes to DIR/<run>-2, ...
     --log-to mlflow[:URI]        an MLflow run at URI: a folder (default: $MLFLOW_TRACKING_URI, else ./mlruns)
-                                 or any tracking URI MLflow takes (http://..., sqlite:///...)
+                                 or a tracking URI with a scheme (http://..., sqlite:///...) or databricks
 
 Both work offline, to a local folder; several destinations are comma-separated. A run logs
 once it has finished, from its run directory (so the tracker holds exactly metrics.jsonl's
@@ -25,6 +26,7 @@ TensorBoard keeps scalars as 32-bit floats; MLflow keeps them as they are.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -32,11 +34,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+from urllib.parse import urlparse
 
 import numpy as np
 import yaml
 
-from .rundir import Run, read_run
+from .rundir import MAX_NODE_LINES, Run, read_run
 
 KINDS = ("tensorboard", "mlflow")  # each the module it needs, and the pyproject extra that installs it
 SINGLE_RUNS = "emulate"  # the MLflow experiment of runs outside a study
@@ -61,23 +64,25 @@ def destinations(text: str) -> list[Destination]:
         kind, _, where = part.partition(":")
         if kind not in KINDS or (kind == "tensorboard" and not where):
             raise TrackerError(f"--log-to {part!r}: expected tensorboard:DIR or mlflow[:URI], comma-separated")
-        if importlib.util.find_spec(kind) is None:
+        if not installed(kind):
             raise TrackerError(f"--log-to {kind}: the {kind} package is not installed (pip install 'p2p-emulator[{kind}]')")
         found.append(Destination(kind, where))
     return found
 
 
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 def scalars(run: Run) -> Iterator[tuple[str, int, float]]:
-    """(tag, step, value) of everything a run logs but its settings (the module's list), finite values only."""
+    """(tag, step, value) of each scalar the module's docstring lists, finite values only."""
     names = {k for row in run.metrics for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     for name in sorted(names - {"round", "node", "t"}):
         curves = run.curves(name)
         yield from _series(f"{name}/mean", curves.rounds, curves.mean)
-    from .drawing import many_nodes  # matplotlib: not for the settings' check, which imports this module
-
     main = run.curves()
     if main is not None:
-        if not many_nodes(main):
+        if main.values.shape[0] <= MAX_NODE_LINES:
             for node, values in enumerate(main.values):
                 yield from _series(f"{main.metric}/node_{node}", main.rounds, values)
         else:
@@ -115,13 +120,20 @@ def _settings_text(run: Run) -> str:
     return yaml.safe_dump(run.config, sort_keys=False)
 
 
+def _fresh(folder: Path) -> Path:
+    """`folder`, or when it holds a run's events already, `folder-2`, `folder-3`, ...: TensorBoard would merge them."""
+    path, k = folder, 1
+    while any(path.glob("events.out.tfevents.*")):
+        k += 1
+        path = folder.with_name(f"{folder.name}-{k}")
+    return path
+
+
 def to_tensorboard(run: Run, folder: str, study: str | None, labels: dict[str, str]) -> None:
-    """Event files under folder/[study/]run; a run logged again replaces its earlier events."""
+    """Event files under folder/[study/]<run directory's name> (-2, -3, ... for a name logged already)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    log_dir = Path(folder, *([study] if study else []), run.path.resolve().name)
-    for old in log_dir.glob("events.out.tfevents.*"):
-        old.unlink()
+    log_dir = _fresh(Path(folder, *([study] if study else []), run.path.resolve().name))
     with SummaryWriter(log_dir=str(log_dir)) as writer:
         labelled = "".join(f"{axis}: {label}\n" for axis, label in labels.items())
         writer.add_text("settings", f"```\n{labelled}{_settings_text(run)}```")
@@ -129,33 +141,47 @@ def to_tensorboard(run: Run, folder: str, study: str | None, labels: dict[str, s
             writer.add_scalar(tag, value, step)
 
 
-def _mlflow_uri(where: str) -> str:
-    """A tracking URI: `where` when it has a scheme, else the folder it names (default: $MLFLOW_TRACKING_URI, else
-    ./mlruns) as a file URI."""
-    if "://" in where or where.startswith("file:"):
+def mlflow_uri(where: str) -> str:
+    """A tracking URI: `where`, else $MLFLOW_TRACKING_URI, else ./mlruns; a folder as a file URI, a URI (with a
+    scheme, or databricks) as it is."""
+    where = where or os.environ.get("MLFLOW_TRACKING_URI") or "mlruns"
+    if urlparse(where).scheme or where == "databricks":
         return where
-    if not where and os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    return Path(where or "mlruns").resolve().as_uri()
+    return Path(where).resolve().as_uri()
+
+
+@contextlib.contextmanager
+def _folder_store_allowed(uri: str) -> Iterator[None]:
+    """MLflow 3 keeps its folder store in maintenance mode and refuses it unless this variable says otherwise; it is
+    the store that needs no database. Set while logging only."""
+    if not uri.startswith("file:") or "MLFLOW_ALLOW_FILE_STORE" in os.environ:
+        yield
+        return
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        yield
+    finally:
+        del os.environ["MLFLOW_ALLOW_FILE_STORE"]
 
 
 def to_mlflow(run: Run, where: str, study: str | None, labels: dict[str, str]) -> None:
     """An MLflow run in the experiment `study` (single runs: SINGLE_RUNS), named as the run directory."""
-    uri = _mlflow_uri(where)
-    if uri.startswith("file:"):
-        # MLflow 3 keeps its folder store in maintenance mode and refuses it unless asked for; it is the one that
-        # needs no database
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = mlflow_uri(where)
+    with _folder_store_allowed(uri):
+        _log_mlflow(run, uri, study or SINGLE_RUNS, labels)
+
+
+def _log_mlflow(run: Run, uri: str, experiment_name: str, labels: dict[str, str]) -> None:
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    name = study or SINGLE_RUNS
-    experiment = client.get_experiment_by_name(name)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
+    experiment = client.get_experiment_by_name(experiment_name)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(experiment_name)
+    name = run.path.resolve().name
     tags = {"run_dir": str(run.path.resolve()), "protocol": run.protocol, "topology": run.topology,
             **{f"axis.{axis}": label for axis, label in labels.items()}}
-    run_id = client.create_run(experiment_id, run_name=run.path.resolve().name, tags=tags).info.run_id
+    run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     params = [Param(key, str(value)[:6000]) for key, value in run.config.items()]  # MLflow's longest value
     now = int(time.time() * 1000)
     metrics = [Metric(tag, value, now, step) for tag, step, value in scalars(run)]

@@ -10,8 +10,9 @@ drawing time) while the run goes. It reads nothing but the run directory, so it 
 run, an incomplete one, and one that another machine writes into a shared folder.
 
 `emulate --watch` starts it beside a run, in a process of its own on a socket the run bound (so a
-port in use is bad input before any work), with `--follow`: it then stops once the run has finished
-and the page has shown the summary, or no page asked for it within FOLLOW_GRACE seconds.
+port in use is bad input before any work), with `--follow PID` (the run's): it then stops once the
+run has finished and a page has been sent its summary, or no page asked for it within FOLLOW_GRACE
+seconds, or the run's process is gone.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from urllib.parse import parse_qs, urlparse
 from plotly.io.json import to_json_plotly
 from plotly.offline import get_plotlyjs
 
-from .charts import charts
+from .charts import charts, warm_up
 from .drawing import DPI
 from .extensions import extension_figures
 from .output import ArgumentsError, Parser, fail
@@ -62,7 +63,8 @@ class RunPage:
         self.images: dict[str, bytes] = {}
         self.finished = False
         self.asked = time.monotonic()  # when a page last asked for the state
-        self.shown_final = False  # a page has been sent the finished run's state
+        self.shown_final = False  # a page has been sent the finished run's state, whole
+        self.images_version = 0
         self._seen: tuple = ()
         self._next_draw = 0.0  # time.monotonic() from which the state may be drawn again
         self._next_images = 0.0  # ... and the extensions' PNGs
@@ -70,14 +72,17 @@ class RunPage:
 
     def signature(self) -> tuple:
         """The run directory's files with their sizes and modification times."""
-        try:
-            files = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in self.path.iterdir() if f.is_file()]
-        except OSError:
-            return ()
+        files = []
+        for path in self.path.iterdir() if self.path.is_dir() else ():
+            try:
+                stat = path.stat()
+            except OSError:  # replaced or removed meanwhile: the next look sees it
+                continue
+            files.append((path.name, stat.st_size, stat.st_mtime_ns))
         return tuple(sorted(files))
 
-    def current(self, since: int) -> bytes:
-        """The state as JSON; only its version when the page already has it."""
+    def current(self, since: int) -> tuple[bytes, bool]:
+        """The state as JSON (only its version when the page already has it), and whether it is the finished run's."""
         with self.lock:
             self.asked = time.monotonic()
             if self._due():
@@ -85,10 +90,9 @@ class RunPage:
                 start = time.monotonic()
                 self.state = self._draw().encode()
                 end = time.monotonic()
-                # the first drawing also loads the parts of Plotly and matplotlib they import when first used
-                self._next_draw = end + DRAW_SHARE * (end - start) if self.version > 1 else end
-            self.shown_final |= self.finished
-            return self.state if since != self.version else json.dumps({"version": self.version}).encode()
+                self._next_draw = end + DRAW_SHARE * (end - start)
+            body = self.state if since != self.version else json.dumps({"version": self.version}).encode()
+            return body, self.finished
 
     def _due(self) -> bool:
         seen = self.signature()
@@ -101,32 +105,40 @@ class RunPage:
     def _draw(self) -> str:
         try:
             run = read_run(self.path, partial=True)
-        except RunDirError as exc:
+            self.finished = not run.incomplete
+            self._draw_images(run)
+            state = {"version": self.version, "status": "finished" if self.finished else "running",
+                     "name": run.name, "protocol": run.protocol, "topology": run.topology, "nodes": run.num_nodes,
+                     "charts": charts(run), "images": {"version": self.images_version, "names": sorted(self.images)},
+                     "report": {"headers": headers([run])[0], "cells": comparison([run])[0][0]}}
+        except (RunDirError, OSError, ValueError, KeyError, TypeError) as exc:  # not started, or a file half written
             return json.dumps({"version": self.version, "status": "waiting", "name": self.path.name,
-                               "note": str(exc)})
-        self.finished = not run.incomplete
+                               "note": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        return to_json_plotly(state)
+
+    def _draw_images(self, run) -> None:
+        """The extensions' figures, at most every IMAGE_SECONDS (or DRAW_SHARE times their drawing time) while the
+        run goes, and once more when it has finished."""
         start = time.monotonic()
         self._images_stale = not self.finished and start < self._next_images
-        if not self._images_stale:
-            self.images = dict(self._images(run))
-            end = time.monotonic()
-            self._next_images = end + max(IMAGE_SECONDS, DRAW_SHARE * (end - start))
-        state = {"version": self.version, "status": "finished" if self.finished else "running",
-                 "name": run.name, "protocol": run.protocol, "topology": run.topology, "nodes": run.num_nodes,
-                 "charts": charts(run), "images": sorted(self.images),
-                 "report": {"headers": headers([run])[0], "cells": comparison([run])[0][0]}}
-        return to_json_plotly(state)
+        if self._images_stale:
+            return
+        self.images = dict(self._images(run))  # a new dict: the handler's threads read the old one meanwhile
+        self.images_version += 1
+        end = time.monotonic()
+        self._next_images = end + max(IMAGE_SECONDS, DRAW_SHARE * (end - start))
 
     @staticmethod
     def _images(run):
-        """The extensions' figures of the run as it stands, as PNG bytes; one that fails is left out."""
+        """The extensions' figures of the run as it stands, as PNG bytes; an extension whose figures fail on the run
+        as it stands (a file half written) is left out of this drawing."""
         for figures in extension_figures():
             try:
                 for name, fig in figures(run):
                     buffer = io.BytesIO()
                     fig.savefig(buffer, format="png", dpi=DPI)
                     yield name, buffer.getvalue()
-            except Exception:  # noqa: BLE001 - a figure of a run half written; the next draw tries again
+            except Exception:  # noqa: BLE001 - another package's code, on a run half written: the next drawing
                 continue
 
 
@@ -136,17 +148,19 @@ def handler(page: RunPage) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            url = urlparse(self.path)
-            if url.path == "/":
+            request = urlparse(self.path)
+            name = request.path.removeprefix("/image/")
+            if request.path == "/":
                 self._send(html, "text/html; charset=utf-8")
-            elif url.path == "/plotly.js":
+            elif request.path == "/plotly.js":
                 self._send(plotly_js(), "text/javascript; charset=utf-8")
-            elif url.path == "/state.json":
-                since = parse_qs(url.query).get("since", ["-1"])[0]
-                self._send(page.current(int(since) if since.lstrip("-").isdigit() else -1), "application/json")
-            elif url.path.startswith("/image/") and url.path[len("/image/"):] in page.images:
-                self._send(page.images[url.path[len("/image/"):]], "image/png")
-            elif url.path == "/favicon.ico":
+            elif request.path == "/state.json":
+                body, finished = page.current(_version(parse_qs(request.query).get("since", [""])[0]))
+                self._send(body, "application/json")
+                page.shown_final |= finished  # once written: `--follow` may stop the server after this
+            elif request.path.startswith("/image/") and (image := page.images.get(name)) is not None:
+                self._send(image, "image/png")
+            elif request.path == "/favicon.ico":
                 self.send_response(HTTPStatus.NO_CONTENT)
                 self.end_headers()
             else:
@@ -164,6 +178,23 @@ def handler(page: RunPage) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def _version(text: str) -> int:
+    """The version the page has (-1: none)."""
+    try:
+        return int(text)
+    except ValueError:
+        return -1
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A page closed or reloaded mid-answer is no error; anything else is printed as the base class does."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @functools.cache
@@ -186,28 +217,28 @@ def url(sock: socket.socket) -> str:
     return f"http://{HOST}:{sock.getsockname()[1]}/"
 
 
-def serve(path: Path, sock: socket.socket, follow: bool = False) -> None:
-    """Serve the page of the run at `path` on `sock` until Ctrl-C; with `follow`, until the run has finished and a
-    page has shown it (or none asked within FOLLOW_GRACE seconds)."""
+def serve(path: Path, sock: socket.socket, run_pid: int | None = None) -> None:
+    """Serve the page of the run at `path` on `sock` until Ctrl-C; with `run_pid` (the run's process, `--follow`),
+    until the run has finished and a page has shown it (or none asked within FOLLOW_GRACE seconds), or the run's
+    process is gone."""
+    warm_up()
     page = RunPage(path)
-    server = ThreadingHTTPServer((HOST, 0), handler(page), bind_and_activate=False)
+    server = Server((HOST, 0), handler(page), bind_and_activate=False)
     server.socket.close()
-    server.socket = sock
-    server.daemon_threads = True
+    server.socket = sock  # bound already: by `emulate --watch` before its work, or by main()
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
     thread.start()
-    parent = os.getppid()
     try:
-        while not (follow and _followed(page, path, parent)):
+        while run_pid is None or not _followed(page, path, run_pid):
             time.sleep(0.2)
     finally:
         server.shutdown()
         server.server_close()
 
 
-def _followed(page: RunPage, path: Path, parent: int) -> bool:
+def _followed(page: RunPage, path: Path, run_pid: int) -> bool:
     """The run finished and a page was shown so, or no page is asking; or the run's process is gone (killed)."""
-    if os.getppid() != parent:
+    if os.getppid() != run_pid:
         return True
     if not (path / "summary.json").exists():
         return False
@@ -219,7 +250,7 @@ def parse(argv: list[str]):
     parser.add_argument("run", metavar="RUN_DIR", help="a run directory, finished or still being written")
     parser.add_argument("--port", type=int, default=0, help="the port to serve on (default: a free one)")
     parser.add_argument("--open", action="store_true", help="open the page in the default browser")
-    parser.add_argument("--follow", action="store_true", help=argparse.SUPPRESS)  # `emulate --watch`'s server
+    parser.add_argument("--follow", type=int, metavar="PID", help=argparse.SUPPRESS)  # `emulate --watch`: its pid
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)  # the socket `emulate --watch` bound
     return parser.parse_args(argv)
 
@@ -236,7 +267,7 @@ def main(argv: list[str]) -> int:
     except ArgumentsError as exc:
         fail(PROG, str(exc))
         return 2
-    if not args.follow:
+    if args.follow is None:
         print(f"{PROG}: {url(sock)} follows {path} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     if args.open:
         webbrowser.open(url(sock))
