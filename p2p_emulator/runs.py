@@ -127,7 +127,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                           tensors)
 
     with writer, contextlib.ExitStack() as resources:
-        resources.callback(page.close)
+        resources.push(lambda failed, *_: failed and page.close())  # a finished run's page stays, below
         try:  # bad input found while setting up (a dataset path, a topology file's edge) leaves no run directory
             if not resume:
                 writer.config({**asdict(config), **asdict(options)})
@@ -149,6 +149,7 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                                         placement)
             page.start(out_dir)  # last: the page's server reads config.yaml
         except UsageError:
+            page.close()
             resources.close()
             writer.close()
             if not resume:
@@ -170,15 +171,15 @@ def execute(config: cfg.RunConfig, options: Any, protocol_cls: type, out_dir: Pa
                    **_checkpoint_summary(config, emulation), **_transport(config, placement, emulation),
                    "executor": {**executor.stats(), "driver_peak_rss": peak_rss(), "driver_cpu_seconds": cpu}}
         stream.finish(rows, summary)
-        page.finished()
-    if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
-        from .analysis.plots import plot_run
+    with page:  # its server shows the summary meanwhile
+        if not config.no_plots and config.rounds > 0:  # a run of no rounds has no curve to draw: matplotlib stays out
+            from .analysis.plots import plot_run
 
-        plot_run(out_dir)
-    if not config.quiet:
-        console.print(summary_table(summary, out_dir))
-        _guarded(failures, f"{config.protocol} render", protocol.render, console, summary)
-    _log(config, out_dir, failures)
+            plot_run(out_dir)
+        if not config.quiet:
+            console.print(summary_table(summary, out_dir))
+            _guarded(failures, f"{config.protocol} render", protocol.render, console, summary)
+        _log(config, out_dir, failures)
     if failures:
         raise LateFailure(f"{'; '.join(failures)} (the run directory {out_dir} holds every round)")
     return RunResult(out_dir, summary, rows)

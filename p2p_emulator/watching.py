@@ -2,7 +2,8 @@
 
 The port is bound before any work, so one in use is bad input, and handed to `emulate watch --follow`
 in a process of its own once config.yaml is written, so that drawing the page never takes the run's
-interpreter. When the run has finished, it waits up to LINGER seconds for a page to be sent the summary.
+interpreter. Once the run has written summary.json and done its own work after it (plots, --log-to), it
+waits up to LINGER seconds for a page to be sent the summary.
 """
 from __future__ import annotations
 
@@ -45,11 +46,16 @@ class Watch:
              "--fd", str(self.sock.fileno())], pass_fds=[self.sock.fileno()], stdin=subprocess.DEVNULL)
         print(f"emulate: watch the run at {self.address}", file=sys.stderr, flush=True)
 
-    def finished(self) -> None:
-        """The run has written summary.json: give the page time to show it."""
-        if self.server is not None:
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, failed, *_) -> None:
+        """The run's work after summary.json is done: unless it failed, give a page up to LINGER seconds to be sent
+        the summary (the server stops then); then stop the server and let go of the port."""
+        if self.server is not None and not failed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.server.wait(timeout=LINGER)
+        self.close()
 
     def close(self) -> None:
         """Stop the server (nothing, when it has stopped) and let go of the port."""

@@ -44,8 +44,8 @@ from .rundir import RunDirError, read_run
 PROG = "emulate watch"
 HOST = "127.0.0.1"  # never another interface: the page shows a run's settings and results
 POLL_SECONDS = 1.0
-IMAGE_SECONDS = 5.0
-DRAW_SHARE = 5
+IMAGE_SECONDS = 10.0
+DRAW_SHARE = 10
 FOLLOW_GRACE = 3.0
 PAGE = Path(__file__).with_name("watch.html")
 
