@@ -56,8 +56,9 @@ def _protocol_group(parser: argparse.ArgumentParser, name: str, cls: type) -> No
 def build_parser(registry: dict, protocol: str | None = None) -> _Parser:
     """The emulator's flags and those of `protocol` (None: no protocol's)."""
     parser = _Parser(prog="emulate", description="Emulate a peer-to-peer learning protocol on a network.",
-                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`, `emulate watch RUN_DIR`, "
-                            "`emulate node ...` and `emulate merge RUN_DIR` (docs/validation.md).")
+                     epilog="Subcommands: `emulate report RUN_DIR...`, `emulate sweep --grid FILE`, "
+                            "`emulate watch RUN_DIR`, `emulate node ...` and `emulate merge RUN_DIR` "
+                            "(docs/validation.md).")
     parser.add_argument("--config", "--scenario", dest="config", metavar="FILE",
                         help="YAML or TOML file of settings (a scenario: every flag is a key); flags override it")
     parser.add_argument("--list-protocols", action="store_true", help="list the protocols and exit")

@@ -299,7 +299,8 @@ def unknown_setting(name: str, protocol: str, registry: dict[str, type]) -> Usag
     return UsageError(f"{flag(name)}: not a setting of the emulator or of protocol {protocol!r}")
 
 
-PRESENTATION = ("out", "overwrite", "quiet", "no_plots", "watch", "watch_port", "log_to")  # where and how a run is shown, not what it computes
+# where and how a run is shown, not what it computes
+PRESENTATION = ("out", "overwrite", "quiet", "no_plots", "watch", "watch_port", "log_to")
 
 
 # Settings added after runs were made, at the default that gives those runs' results: left out of the digest,

@@ -341,8 +341,8 @@ def run_all(grid: Grid, runs: list[Point], resolved: dict[str, Resolved], runner
                 for outcome in runner.finished(timeout=1.0):
                     if outcome.status in INTERRUPTED:  # Ctrl-C or SIGTERM ended a run: end the sweep too
                         raise Terminated if outcome.status == 143 else KeyboardInterrupt
-                    error = outcome.status == 0 and log_once(grid, by_name[outcome.name],
-                                                             resolved[outcome.name].config_hash)
+                    error = "" if outcome.status else log_once(grid, by_name[outcome.name],
+                                                               resolved[outcome.name].config_hash)
                     view.finished(Outcome(outcome.name, 1, error) if error else outcome)
     finally:
         runner.close()

@@ -14,6 +14,7 @@ import yaml
 
 from conftest import assert_one_line_error, assert_refused
 from p2p_emulator.analysis.rundir import final_metrics
+from p2p_emulator.analysis import watch
 from p2p_emulator.analysis.watch import RunPage, main as watch_main
 from p2p_emulator.cli import main
 
@@ -37,8 +38,9 @@ def _state(page: RunPage, since: int) -> dict:
     return json.loads(page.current(since)[0])
 
 
-def test_the_state_follows_the_run_directory_as_it_streams(tmp_path):
+def test_the_state_follows_the_run_directory_as_it_streams(tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({"protocol": "gossip", "topology": "ring", "nodes": 2}))
+    monkeypatch.setattr(watch, "DRAW_SHARE", 0)  # every change drawn at once ...
     page = RunPage(tmp_path)
     _append(tmp_path, _rows(range(2)))
     state = _state(page, -1)
@@ -46,10 +48,15 @@ def test_the_state_follows_the_run_directory_as_it_streams(tmp_path):
     centre = state["charts"]["metric-round"]["data"][2]
     assert centre["x"] == [0, 1] and centre["y"] == pytest.approx([0.025, 0.125])
     assert _state(page, state["version"]) == {"version": state["version"]}  # nothing new: nothing sent
-    _append(tmp_path, _rows(range(2, 5)))
+    monkeypatch.setattr(watch, "DRAW_SHARE", 1e6)  # ... until a drawing puts the next one far off
+    _append(tmp_path, _rows(range(2, 3)))
+    state = _state(page, state["version"])
+    assert state["charts"]["metric-round"]["data"][2]["x"] == [0, 1, 2]
+    _append(tmp_path, _rows(range(3, 5)))
+    assert _state(page, state["version"]) == {"version": state["version"]}  # new rounds wait for it ...
     (tmp_path / "summary.json").write_text(json.dumps({"final": final_metrics(_rows(range(5))), "nodes": 2,
                                                        "bytes_total": 1500, "emulated_seconds": 2.5}))
-    state = _state(page, state["version"])
+    state = _state(page, state["version"])  # ... but the summary does not
     assert state["status"] == "finished" and state["name"] == tmp_path.name
     assert state["charts"]["metric-round"]["data"][2]["x"] == [0, 1, 2, 3, 4]
     report = dict(zip(state["report"]["headers"], state["report"]["cells"]))

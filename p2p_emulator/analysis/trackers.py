@@ -53,7 +53,7 @@ class TrackerError(Exception):
 
 @dataclass(frozen=True)
 class Destination:
-    kind: str  # a key of KINDS
+    kind: str  # one of KINDS
     where: str  # TensorBoard: the folder; MLflow: the tracking URI ("" for the default)
 
 
@@ -65,7 +65,8 @@ def destinations(text: str) -> list[Destination]:
         if kind not in KINDS or (kind == "tensorboard" and not where):
             raise TrackerError(f"--log-to {part!r}: expected tensorboard:DIR or mlflow[:URI], comma-separated")
         if not installed(kind):
-            raise TrackerError(f"--log-to {kind}: the {kind} package is not installed (pip install 'p2p-emulator[{kind}]')")
+            raise TrackerError(f"--log-to {kind}: the {kind} package is not installed "
+                               f"(pip install 'p2p-emulator[{kind}]')")
         found.append(Destination(kind, where))
     return found
 
@@ -76,7 +77,8 @@ def installed(module: str) -> bool:
 
 def scalars(run: Run) -> Iterator[tuple[str, int, float]]:
     """(tag, step, value) of each scalar the module's docstring lists, finite values only."""
-    names = {k for row in run.metrics for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    names = {k for row in run.metrics for k, v in row.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     for name in sorted(names - {"round", "node", "t"}):
         curves = run.curves(name)
         yield from _series(f"{name}/mean", curves.rounds, curves.mean)

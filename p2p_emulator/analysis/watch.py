@@ -57,11 +57,12 @@ class RunPage:
 
     def __init__(self, path: Path):
         self.path = path
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # current() refreshes under it
         self.version = 0
         self.state = b""
         self.images: dict[str, bytes] = {}
         self.finished = False
+        self.summary_drawn = False  # drawn since summary.json landed (once at once, whatever the pacing)
         self.asked = time.monotonic()  # when a page last asked for the state
         self.shown_final = False  # a page has been sent the finished run's state, whole
         self.images_version = 0
@@ -85,20 +86,26 @@ class RunPage:
         """The state as JSON (only its version when the page already has it), and whether it is the finished run's."""
         with self.lock:
             self.asked = time.monotonic()
+            self.refresh()
+            body = self.state if since != self.version else json.dumps({"version": self.version}).encode()
+            return body, self.finished
+
+    def refresh(self) -> None:
+        """Draw the state again if it is due."""
+        with self.lock:
             if self._due():
                 self.version += 1
                 start = time.monotonic()
                 self.state = self._draw().encode()
                 end = time.monotonic()
                 self._next_draw = end + DRAW_SHARE * (end - start)
-            body = self.state if since != self.version else json.dumps({"version": self.version}).encode()
-            return body, self.finished
 
     def _due(self) -> bool:
         seen = self.signature()
-        landed = not self.finished and (self.path / "summary.json").exists()
+        landed = not self.summary_drawn and (self.path / "summary.json").exists()
         if landed or (time.monotonic() >= self._next_draw and (seen != self._seen or self._images_stale)):
             self._seen = seen
+            self.summary_drawn |= landed
             return True
         return False
 
@@ -230,6 +237,8 @@ def serve(path: Path, sock: socket.socket, run_pid: int | None = None) -> None:
     thread.start()
     try:
         while run_pid is None or not _followed(page, path, run_pid):
+            if not page.summary_drawn and (path / "summary.json").exists():
+                page.refresh()  # the finished run's state, drawn before a page asks for it
             time.sleep(0.2)
     finally:
         server.shutdown()
