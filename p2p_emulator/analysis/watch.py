@@ -62,7 +62,7 @@ class RunPage:
         self.state = b""
         self.images: dict[str, bytes] = {}
         self.finished = False
-        self.summary_drawn = False  # drawn since summary.json landed (once at once, whatever the pacing)
+        self.summary_drawn = False  # drawn since summary.json landed (at once then, whatever the pacing)
         self.asked = time.monotonic()  # when a page last asked for the state
         self.shown_final = False  # a page has been sent the finished run's state, whole
         self.images_version = 0
