@@ -443,7 +443,10 @@ class Run:
     @cached_property
     def main_metric(self) -> str | None:
         """test_acc when logged, else the protocol's main metric, else its first numeric one."""
-        logged = {k for row in self.metrics for k, v in row.items() if not math.isnan(_number(v))} - BOOKKEEPING
+        logged: set[str] = set()
+        for row in self.metrics:  # a key is looked at only until some row has a number under it
+            logged.update(k for k, v in row.items() if k not in logged and not math.isnan(_number(v)))
+        logged -= BOOKKEEPING
         for name in MAIN_METRICS:
             if name in logged:
                 return name
@@ -461,18 +464,28 @@ class Run:
         metric = metric or self.main_metric
         if metric is None or not self.metrics:
             return None
+        cache = self.__dict__.setdefault("_round_curves", {})  # the report, the page and the trackers ask again
+        if metric not in cache:
+            rounds, cells, times, cumulative_bytes = self._round_grid
+            values = np.full(times.shape, np.nan)
+            values[cells] = [_number(row.get(metric)) for row in self.metrics]
+            cache[metric] = Curves(metric, rounds, values, times, cumulative_bytes)
+        return cache[metric]
+
+    @cached_property
+    def _round_grid(self) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+        """What every metric's per-round curves share: the rounds, each row's (node, column) cell, each node's
+        time at the end of each round, and the bytes all nodes sent up to each round's end."""
         rounds = sorted({r["round"] for r in self.metrics})
         column = {rnd: c for c, rnd in enumerate(rounds)}
         # one column per field, filled at once: a numpy store per row costs seconds at 10,000 nodes
         cells = (np.array([row["node"] for row in self.metrics]),
                  np.array([column[row["round"]] for row in self.metrics]))
-        values = np.full((self.num_nodes, len(rounds)), np.nan)
-        times = np.full_like(values, np.nan)
-        values[cells] = [_number(row.get(metric)) for row in self.metrics]
+        times = np.full((self.num_nodes, len(rounds)), np.nan)
         times[cells] = [_number(row.get("t")) for row in self.metrics]
         sent = np.bincount(cells[1], weights=np.nan_to_num([_number(row.get("bytes_sent")) for row in self.metrics]),
                            minlength=len(rounds))
-        return Curves(metric, np.array(rounds), values, times, np.cumsum(sent))
+        return np.array(rounds), cells, times, np.cumsum(sent)
 
     def samples(self) -> list[dict] | None:
         """samples.jsonl's rows (--eval-every-seconds: each node's scores every S emulated seconds, with its
