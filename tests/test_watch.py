@@ -21,7 +21,7 @@ from p2p_emulator.cli import main
 CHROMIUM = shutil.which("chromium")
 BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]  # no connection attempts out of this machine
-ROUNDS = 10
+ROUNDS = 8
 
 
 def _rows(rounds: range) -> list[dict]:
@@ -145,11 +145,12 @@ def browser():
 
 
 def test_the_page_gains_points_while_a_run_goes_and_shows_its_summary(tmp_path, browser):
-    """A run on the real clock (rounds of about 0.7 s), watched from its start to its summary."""
+    """A run on the real clock (rounds of about 1.3 s, so that a loaded machine still shows several), watched from
+    its start to its summary."""
     port, out, status = _free_port(), tmp_path / "run", []
     run = threading.Thread(target=lambda: status.append(main([
         "--protocol", "fedavg", "--topology", "star", "--nodes", "5", "--rounds", str(ROUNDS), "--clock", "real",
-        "--latency", "150ms", "--out", str(out), "--quiet", "--no-plots", "--watch", "--watch-port", str(port)])))
+        "--latency", "300ms", "--out", str(out), "--quiet", "--no-plots", "--watch", "--watch-port", str(port)])))
     run.start()
     page = browser.new_page()
     try:
